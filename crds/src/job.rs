@@ -1,0 +1,647 @@
+//! The `HeteroTrainingJob` custom resource (`heterotrain.dev/v1alpha1`,
+//! short name `htj`): what a user writes in `job.yaml`, and the status the
+//! operator reports back. The CRD YAML is generated from these types
+//! (`make crds`); `///` docs become `kubectl explain` text.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Pattern of a decimal number written as a string, e.g. "0.1", "3e-4".
+pub const DECIMAL_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$";
+/// Pattern of a DNS-1123 label (worker group names become pod labels).
+pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// A data-parallel training job over heterogeneous workers. Each rank gets a
+/// local batch sized to its speed; the global batch never changes.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "heterotrain.dev",
+    version = "v1alpha1",
+    kind = "HeteroTrainingJob",
+    plural = "heterotrainingjobs",
+    shortname = "htj",
+    category = "heterotrain",
+    namespaced,
+    status = "HeteroTrainingJobStatus",
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ranks", type_ = "integer", json_path = ".status.ranks"),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        json_path = ".spec.loadBalancing.policy"
+    ),
+    printcolumn(
+        name = "Samples/s",
+        type_ = "number",
+        json_path = ".status.clusterSamplesPerSecond"
+    ),
+    printcolumn(name = "Plan", type_ = "integer", json_path = ".status.planGeneration"),
+    printcolumn(name = "Step", type_ = "integer", json_path = ".status.step"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HeteroTrainingJobSpec {
+    /// Worker groups. Ranks are numbered across groups in the order listed
+    /// here: the first group's replicas are ranks 0..n-1, and so on.
+    #[schemars(length(min = 1, max = 64))]
+    pub workers: Vec<WorkerGroup>,
+    /// The model to train.
+    pub model: ModelSpec,
+    /// The training data.
+    pub dataset: DatasetSpec,
+    /// Optimisation settings; `globalBatchSize` is kept constant whatever the split.
+    pub training: TrainingSpec,
+    /// Collective backend: `auto` picks NCCL when every rank is CUDA, Gloo otherwise.
+    #[serde(default)]
+    pub backend: Backend,
+    /// How local batches are decided and re-decided.
+    #[serde(default)]
+    pub load_balancing: LoadBalancingSpec,
+    /// Start-up hardware/model profiling.
+    #[serde(default)]
+    pub profiling: ProfilingSpec,
+    /// Checkpointing (needed to resume after a failure).
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    /// Restarts, deadlines, clean-up, suspension.
+    #[serde(default)]
+    pub run_policy: RunPolicy,
+    /// Trainer image for every group without its own `image`. Defaults to the
+    /// operator's `--trainer-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// ServiceAccount the rank pods run as (needs read/watch on the plan ConfigMap).
+    /// Defaults to `heterotrain-trainer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Port of rank 0's rendezvous store (`MASTER_PORT`).
+    #[serde(default = "default_master_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub master_port: u16,
+    /// Port each trainer serves `/metrics` on.
+    #[serde(default = "default_metrics_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub metrics_port: u16,
+}
+
+/// A set of identical ranks placed on one kind of node.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerGroup {
+    /// Group name (a DNS label), unique within the job; becomes the pod label
+    /// `heterotrain.dev/group`.
+    #[schemars(length(min = 1, max = 40), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Number of ranks in this group.
+    #[schemars(range(min = 1, max = 1024))]
+    pub replicas: u32,
+    /// Device each rank trains on.
+    #[serde(default)]
+    pub device: Device,
+    /// CPU threads per rank for compute (CPU ranks); default: the CPU limit, or 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<u32>,
+    /// Node labels the group's pods must match, e.g.
+    /// `nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Standard pod affinity rules for the group's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Tolerations for tainted (e.g. GPU) nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Container resources, e.g. `limits: {nvidia.com/gpu: 1}` for CUDA groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Trainer image for this group (overrides `spec.image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Extra environment variables for this group's trainers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+}
+
+/// Device a group trains on.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// CPU threads.
+    #[default]
+    Cpu,
+    /// One NVIDIA GPU per rank (request `nvidia.com/gpu` in `resources`).
+    Cuda,
+}
+
+/// Collective communication backend.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// NCCL when every rank is CUDA, Gloo otherwise.
+    #[default]
+    Auto,
+    /// Gloo (CPU tensors; CUDA tensors are staged through host memory).
+    Gloo,
+    /// NCCL (every group must be `cuda`).
+    Nccl,
+}
+
+/// Model architecture and size.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Architecture.
+    pub name: ModelName,
+    /// Hidden width (mlp; transformer embedding width for `gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub hidden: Option<u32>,
+    /// Number of layers (mlp hidden layers; transformer blocks for `gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub layers: Option<u32>,
+    /// Attention heads (`gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub heads: Option<u32>,
+    /// Context length in tokens (`gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub context: Option<u32>,
+    /// Vocabulary size (`gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 1048576))]
+    pub vocab: Option<u32>,
+}
+
+/// Model architectures the trainer builds.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelName {
+    /// Multi-layer perceptron.
+    Mlp,
+    /// A small convolutional network (no BatchNorm).
+    SimpleCnn,
+    /// ResNet-18.
+    Resnet18,
+    /// ResNet-50.
+    Resnet50,
+    /// GPT-style decoder-only transformer language model.
+    Gpt,
+}
+
+impl ModelName {
+    /// The name as the trainer's `--model` flag spells it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ModelName::Mlp => "mlp",
+            ModelName::SimpleCnn => "simple_cnn",
+            ModelName::Resnet18 => "resnet18",
+            ModelName::Resnet50 => "resnet50",
+            ModelName::Gpt => "gpt",
+        }
+    }
+}
+
+/// Training data.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatasetSpec {
+    /// Dataset format.
+    pub name: DatasetName,
+    /// Directory holding the files (`cifar10`: the binary batches; `mnist`: IDX files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// PersistentVolumeClaim mounted read-only at `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// Number of generated samples for synthetic datasets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000000))]
+    pub synthetic_samples: Option<u32>,
+}
+
+/// Dataset formats the trainer reads.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetName {
+    /// Random images, deterministic by seed.
+    SyntheticImage,
+    /// Random token sequences, deterministic by seed.
+    SyntheticText,
+    /// CIFAR-10 binary batches.
+    Cifar10,
+    /// MNIST IDX files.
+    Mnist,
+}
+
+impl DatasetName {
+    /// The name as the trainer's `--dataset` flag spells it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DatasetName::SyntheticImage => "synthetic_image",
+            DatasetName::SyntheticText => "synthetic_text",
+            DatasetName::Cifar10 => "cifar10",
+            DatasetName::Mnist => "mnist",
+        }
+    }
+}
+
+/// Optimisation settings. Fractional values (learning rate, momentum, weight
+/// decay) are written as decimal strings, e.g. `learningRate: "0.05"` or
+/// `"3e-4"`, as Kubernetes APIs avoid floating-point fields.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingSpec {
+    /// Global batch B: the sum of every rank's local batch, constant for the
+    /// whole run. Must be at least the number of ranks × `minLocalBatch`.
+    #[schemars(range(min = 1, max = 16777216))]
+    pub global_batch_size: u32,
+    /// Passes over the training set. One of `epochs` / `maxSteps` is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub epochs: Option<u32>,
+    /// Stop after this many optimizer steps (wins over `epochs` when both are set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_steps: Option<u64>,
+    /// Optimizer.
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// Peak learning rate as a decimal string, e.g. "0.05".
+    #[serde(default = "default_lr")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"))]
+    pub learning_rate: String,
+    /// SGD momentum as a decimal string, e.g. "0.9".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"))]
+    pub momentum: Option<String>,
+    /// Weight decay as a decimal string, e.g. "5e-4".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"))]
+    pub weight_decay: Option<String>,
+    /// Learning-rate schedule after warm-up.
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// Linear warm-up steps.
+    #[serde(default)]
+    pub warmup_steps: u32,
+    /// Seed for initialisation, shuffling and synthetic data.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// Optimizer kinds.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// SGD with optional momentum and weight decay.
+    #[default]
+    Sgd,
+    /// AdamW.
+    Adamw,
+}
+
+/// Learning-rate schedules.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Constant after warm-up.
+    #[default]
+    Constant,
+    /// Cosine decay to zero over the run.
+    Cosine,
+    /// Step decay.
+    Step,
+}
+
+/// Load-balancing settings.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancingSpec {
+    /// `static`: equal split (the baseline). `proportional`: from the
+    /// start-up profile. `dynamic`: from live measurements. `hybrid`: profile
+    /// first, live measurements weighted in as they accrue.
+    #[serde(default)]
+    pub policy: BalancePolicy,
+    /// Steps between rebalancing decisions.
+    #[serde(default = "default_rebalance_interval")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub rebalance_interval_steps: u32,
+    /// Hysteresis: a new plan is written only when it predicts a step time at
+    /// least this many percent lower than the current plan's.
+    #[serde(default = "default_min_gain")]
+    #[schemars(range(min = 0, max = 100))]
+    pub min_gain_percent: u32,
+    /// Smallest local batch any rank may get.
+    #[serde(default = "default_min_local_batch")]
+    #[schemars(range(min = 1))]
+    pub min_local_batch: u32,
+    /// Largest local batch any rank may get (besides its measured memory cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_local_batch: Option<u32>,
+    /// A rank whose step time exceeds its model's prediction by this percent
+    /// (e.g. 150 = 1.5×) for several intervals is treated as a straggler and re-fitted fast.
+    #[serde(default = "default_straggler")]
+    #[schemars(range(min = 100, max = 1000))]
+    pub straggler_threshold_percent: u32,
+    /// Where live metrics come from.
+    #[serde(default)]
+    pub metrics_source: MetricsSource,
+    /// Prometheus base URL, required when `metricsSource: prometheus`,
+    /// e.g. `http://prometheus.monitoring:9090`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub prometheus_url: Option<String>,
+}
+
+impl Default for LoadBalancingSpec {
+    fn default() -> Self {
+        LoadBalancingSpec {
+            policy: BalancePolicy::default(),
+            rebalance_interval_steps: default_rebalance_interval(),
+            min_gain_percent: default_min_gain(),
+            min_local_batch: default_min_local_batch(),
+            max_local_batch: None,
+            straggler_threshold_percent: default_straggler(),
+            metrics_source: MetricsSource::default(),
+            prometheus_url: None,
+        }
+    }
+}
+
+/// Balancing policies a job can ask for.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BalancePolicy {
+    /// Equal split, never changed.
+    Static,
+    /// Split from the start-up profile only.
+    Proportional,
+    /// Split from live measurements.
+    #[default]
+    Dynamic,
+    /// Profile as a prior, live measurements weighted in.
+    Hybrid,
+}
+
+impl BalancePolicy {
+    /// Lower-case name, as used in plans and flags.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BalancePolicy::Static => "static",
+            BalancePolicy::Proportional => "proportional",
+            BalancePolicy::Dynamic => "dynamic",
+            BalancePolicy::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// Where the operator reads live trainer metrics from.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsSource {
+    /// Scrape each rank pod's `/metrics` directly.
+    #[default]
+    Pods,
+    /// Query a Prometheus server's HTTP API (`prometheusUrl`).
+    Prometheus,
+}
+
+/// Start-up profiling.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfilingSpec {
+    /// Run the hardware/model profile when a rank starts.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Local batch sizes timed during the profile.
+    #[serde(default = "default_probe_batches")]
+    #[schemars(length(min = 1, max = 16))]
+    pub probe_batch_sizes: Vec<u32>,
+}
+
+impl Default for ProfilingSpec {
+    fn default() -> Self {
+        ProfilingSpec {
+            enabled: true,
+            probe_batch_sizes: default_probe_batches(),
+        }
+    }
+}
+
+/// Checkpointing.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Write a checkpoint every this many steps (0: only at the end and on SIGTERM).
+    #[serde(default = "default_checkpoint_every")]
+    pub every_steps: u32,
+    /// Directory for checkpoints inside the pod.
+    #[serde(default = "default_checkpoint_path")]
+    pub path: String,
+    /// PersistentVolumeClaim mounted at `path`, so checkpoints outlive pods.
+    /// Without it the directory is an emptyDir and a recreated gang starts over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec {
+            every_steps: default_checkpoint_every(),
+            path: default_checkpoint_path(),
+            claim_name: None,
+        }
+    }
+}
+
+/// Restarts, deadlines, clean-up and suspension.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPolicy {
+    /// How many times the whole gang is recreated after a rank fails before
+    /// the job is marked Failed.
+    #[serde(default = "default_backoff")]
+    #[schemars(range(min = 0, max = 100))]
+    pub backoff_limit: u32,
+    /// Fail the job when it has been running longer than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<u64>,
+    /// Delete the job this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u32>,
+    /// Stop the pods but keep plan and checkpoints; set back to false to resume.
+    #[serde(default)]
+    pub suspend: bool,
+}
+
+/// What the operator reports.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeteroTrainingJobStatus {
+    /// Current state as conditions (Created, Profiled, Running, Rebalanced,
+    /// Succeeded, Failed, Suspended).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Summary phase for `kubectl get`: Pending, Running, Succeeded, Failed, Suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Total number of ranks.
+    #[serde(default)]
+    pub ranks: u32,
+    /// Per worker group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupStatus>,
+    /// Generation of the plan in `<job>-plan`.
+    #[serde(default)]
+    pub plan_generation: u64,
+    /// Samples per second over all ranks, last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_samples_per_second: Option<f64>,
+    /// Latest step reported by rank 0.
+    #[serde(default)]
+    pub step: u64,
+    /// Latest epoch reported by rank 0.
+    #[serde(default)]
+    pub epoch: u32,
+    /// Balance of per-rank compute time per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<BalanceStatus>,
+    /// Times the gang was recreated after a failure.
+    #[serde(default)]
+    pub restarts: u32,
+    /// When the gang first started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// The most recent balancing decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rebalance: Option<RebalanceStatus>,
+}
+
+/// Per worker group status.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    /// Group name.
+    pub name: String,
+    /// Device of the group.
+    pub device: Device,
+    /// Desired ranks.
+    pub replicas: u32,
+    /// Ranks whose pod is running.
+    pub ready: u32,
+    /// Current local batch of each rank of the group, in rank order.
+    #[serde(default)]
+    pub batch_sizes: Vec<u32>,
+    /// Samples per second of the whole group, last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second: Option<f64>,
+}
+
+/// Balance quality: coefficient of variation of per-rank compute time.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BalanceStatus {
+    /// Coefficient of variation, percent.
+    pub cv_percent: f64,
+    /// Excellent (<5%), Good (5–10%), Fair (10–20%), Poor (≥20%).
+    pub class: String,
+}
+
+/// A balancing decision.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RebalanceStatus {
+    /// Plan generation the decision produced (or kept).
+    pub generation: u64,
+    /// When it was decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    /// Why.
+    pub reason: String,
+    /// Predicted step-time gain over the previous plan, percent.
+    #[serde(default)]
+    pub predicted_gain_percent: f64,
+    /// Local batches of the plan.
+    #[serde(default)]
+    pub batch_sizes: Vec<u32>,
+}
+
+impl Default for RunPolicy {
+    fn default() -> Self {
+        RunPolicy {
+            backoff_limit: default_backoff(),
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
+            suspend: false,
+        }
+    }
+}
+
+impl HeteroTrainingJobSpec {
+    /// Total number of ranks over all groups.
+    pub fn world_size(&self) -> u32 {
+        self.workers.iter().map(|g| g.replicas).sum()
+    }
+
+    /// `(group index, rank within the group)` for each global rank.
+    pub fn rank_layout(&self) -> Vec<(usize, u32)> {
+        self.workers
+            .iter()
+            .enumerate()
+            .flat_map(|(gi, g)| (0..g.replicas).map(move |i| (gi, i)))
+            .collect()
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_master_port() -> u16 {
+    29500
+}
+fn default_metrics_port() -> u16 {
+    9400
+}
+fn default_lr() -> String {
+    "0.05".into()
+}
+fn default_rebalance_interval() -> u32 {
+    20
+}
+fn default_min_gain() -> u32 {
+    5
+}
+fn default_min_local_batch() -> u32 {
+    1
+}
+fn default_straggler() -> u32 {
+    150
+}
+fn default_probe_batches() -> Vec<u32> {
+    vec![8, 16, 32]
+}
+fn default_checkpoint_every() -> u32 {
+    50
+}
+fn default_checkpoint_path() -> String {
+    "/checkpoints".into()
+}
+fn default_backoff() -> u32 {
+    3
+}

@@ -1,0 +1,21 @@
+//! HeteroTrain API types shared by every part: the `HeteroTrainingJob`
+//! custom resource, the batch-plan wire format and the hardware profile.
+
+pub mod job;
+pub mod metrics;
+pub mod plan;
+pub mod profile;
+
+pub use job::*;
+pub use plan::{BatchPlan, PlanError, PLAN_KEY};
+pub use profile::{DeviceInfo, DeviceKind, HardwareProfile, ProfileError, ProfilePoint};
+
+/// The CustomResourceDefinition as YAML, exactly as `make crds` writes it to
+/// `crds/heterotrainingjob.yaml`.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let body = serde_yaml::to_string(&HeteroTrainingJob::crd())?;
+    Ok(format!(
+        "# Generated from crds/src/job.rs by `make crds`; do not edit by hand.\n{body}"
+    ))
+}

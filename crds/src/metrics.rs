@@ -1,0 +1,88 @@
+//! Names of the trainer's Prometheus metrics (DESIGN.md "Metrics"): the
+//! contract between the trainer that exports them, the operator that reads
+//! them and the Grafana dashboards. All in base units; counters end in `_total`.
+
+/// Trainer metrics port.
+pub const DEFAULT_METRICS_PORT: u16 = 9400;
+
+/// Counter, label `phase` ∈ [`PHASES`]: seconds spent per training phase.
+pub const PHASE_SECONDS_TOTAL: &str = "heterotrain_phase_seconds_total";
+/// The phases of one step.
+pub const PHASES: [&str; 5] = ["data", "forward", "backward", "allreduce", "optimizer"];
+/// Histogram: wall-clock seconds per training step.
+pub const STEP_SECONDS: &str = "heterotrain_step_seconds";
+/// Counter: samples this rank trained on.
+pub const SAMPLES_TOTAL: &str = "heterotrain_samples_total";
+/// Counter: optimizer steps taken.
+pub const STEPS_TOTAL: &str = "heterotrain_steps_total";
+/// Counter: compute seconds (data+forward+backward+optimizer, no all-reduce wait).
+pub const COMPUTE_SECONDS_TOTAL: &str = "heterotrain_compute_seconds_total";
+/// Gauge: smoothed compute seconds per sample on this rank.
+pub const COMPUTE_SECONDS_PER_SAMPLE: &str = "heterotrain_compute_seconds_per_sample";
+/// Gauge: compute seconds of the last step.
+pub const LAST_STEP_COMPUTE_SECONDS: &str = "heterotrain_last_step_compute_seconds";
+/// Gauge: current local batch size.
+pub const LOCAL_BATCH_SIZE: &str = "heterotrain_local_batch_size";
+/// Gauge: generation of the plan in use.
+pub const PLAN_GENERATION: &str = "heterotrain_plan_generation";
+/// Counter, label `reason`: plans refused as invalid.
+pub const PLAN_REJECTED_TOTAL: &str = "heterotrain_plan_rejected_total";
+/// Gauge: current step (global, same on every rank).
+pub const STEP: &str = "heterotrain_step";
+/// Gauge: current epoch.
+pub const EPOCH: &str = "heterotrain_epoch";
+/// Gauge: training loss of the last step (this rank's slice).
+pub const LOSS: &str = "heterotrain_loss";
+/// Gauge: held-out accuracy at the last evaluation (0..1).
+pub const EVAL_ACCURACY_RATIO: &str = "heterotrain_eval_accuracy_ratio";
+/// Gauge: held-out loss at the last evaluation.
+pub const EVAL_LOSS: &str = "heterotrain_eval_loss";
+/// Gauge: 1 when training finished on this rank.
+pub const FINISHED: &str = "heterotrain_finished";
+
+/// Gauge: matmul throughput measured by the profile, FLOP/s.
+pub const PROFILE_MATMUL_FLOPS: &str = "heterotrain_profile_matmul_flops";
+/// Gauge: memory bandwidth measured by the profile, bytes/s.
+pub const PROFILE_MEMORY_BANDWIDTH: &str = "heterotrain_profile_memory_bandwidth_bytes_per_second";
+/// Gauge, label `batch_size`: forward+backward seconds at a probe batch size.
+pub const PROFILE_STEP_SECONDS: &str = "heterotrain_profile_step_seconds";
+/// Gauge: fitted fixed cost a of t(b) = a + c·b.
+pub const PROFILE_FIXED_SECONDS: &str = "heterotrain_profile_fixed_seconds";
+/// Gauge: fitted per-sample cost c of t(b) = a + c·b.
+pub const PROFILE_PER_SAMPLE_SECONDS: &str = "heterotrain_profile_per_sample_seconds";
+/// Gauge: largest local batch that fits in memory.
+pub const PROFILE_MAX_BATCH_SIZE: &str = "heterotrain_profile_max_batch_size";
+/// Info gauge (value 1), labels `kind`, `name`: the device.
+pub const DEVICE_INFO: &str = "heterotrain_device_info";
+
+/// GPU gauges from NVML (absent without a GPU).
+pub const GPU_UTILIZATION_RATIO: &str = "heterotrain_gpu_utilization_ratio";
+pub const GPU_MEMORY_USED_BYTES: &str = "heterotrain_gpu_memory_used_bytes";
+pub const GPU_MEMORY_TOTAL_BYTES: &str = "heterotrain_gpu_memory_total_bytes";
+pub const GPU_TEMPERATURE_CELSIUS: &str = "heterotrain_gpu_temperature_celsius";
+pub const GPU_POWER_WATTS: &str = "heterotrain_gpu_power_watts";
+pub const GPU_SM_CLOCK_HERTZ: &str = "heterotrain_gpu_sm_clock_hertz";
+
+/// Pod labels the operator sets and the PodMonitor turns into target labels.
+pub mod labels {
+    /// Job name.
+    pub const JOB: &str = "heterotrain.dev/job";
+    /// Worker group name.
+    pub const GROUP: &str = "heterotrain.dev/group";
+    /// Global rank.
+    pub const RANK: &str = "heterotrain.dev/rank";
+    /// `app.kubernetes.io/managed-by` value.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// The operator's name in `managed-by`.
+    pub const MANAGER: &str = "heterotrain-operator";
+    /// Node label naming the accelerator model (profile-cache key).
+    pub const ACCELERATOR: &str = "heterotrain.dev/accelerator";
+}
+
+/// Environment variables the operator sets on rank pods.
+pub mod env {
+    pub const PLAN_CONFIGMAP: &str = "HETEROTRAIN_PLAN_CONFIGMAP";
+    pub const NAMESPACE: &str = "HETEROTRAIN_NAMESPACE";
+    pub const POD_IP: &str = "POD_IP";
+    pub const RESTART_COUNT: &str = "HETEROTRAIN_RESTART_COUNT";
+}

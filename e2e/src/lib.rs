@@ -1,0 +1,13 @@
+//! HeteroTrain's local control plane: a real etcd + kube-apiserver +
+//! kube-scheduler + kube-controller-manager on loopback, built from Debian's
+//! sources by `make setup`, for tests, the demo and trying the system on one
+//! machine.
+
+pub mod cluster;
+pub mod keeper;
+pub mod paths;
+pub mod pki;
+pub mod ports;
+
+pub use cluster::{ClusterOptions, LocalCluster};
+pub use paths::cache_dir;

@@ -1,0 +1,2 @@
+//! `heterotrain-bench-balancer`: placeholder.
+fn main() {}

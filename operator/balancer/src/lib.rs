@@ -1,0 +1,34 @@
+//! HeteroTrain balancer (pure library): decides every rank's local batch so
+//! that heterogeneous ranks finish each synchronous step together while the
+//! global batch `B` stays fixed.
+//!
+//! - [`model`]: per-rank step-time model `t_r(b) = a_r + c_r·b`, fitted
+//!   robustly from profiles and live measurements.
+//! - [`split`]: the optimal integer split (water-filling + greedy fix-up).
+//! - [`Balancer`]: policies (`static`, `proportional`, `dynamic`, `hybrid`,
+//!   `seed-formula`) with hysteresis, damping, straggler and staleness rules.
+//! - [`quality`]: coefficient of variation of per-rank compute time.
+//! - [`sim`]: a discrete-event simulator of synchronous ranks that runs the
+//!   policies at scale (used by the `heterotrain-sim` and
+//!   `heterotrain-bench-balancer` binaries and by the tests).
+//!
+//! No I/O, no clocks, no async, and no panics on bad input: errors are
+//! [`BalancerError`] values, each with a stable `metric_label()`.
+
+mod balancer;
+mod config;
+mod error;
+pub mod model;
+mod policy;
+pub mod quality;
+mod rank;
+pub mod sim;
+pub mod split;
+
+pub use balancer::{Balancer, Decision};
+pub use config::{BalancerConfig, Policy};
+pub use error::{BalancerError, SplitError};
+pub use model::{fit_profile, StepModel};
+pub use policy::seed_scores;
+pub use quality::{balance_quality, Quality, QualityClass};
+pub use split::{continuous_split, max_step, optimal_split, optimal_split_bounded, Split};

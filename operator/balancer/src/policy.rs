@@ -1,0 +1,238 @@
+//! Which step model each policy uses for each rank, and the seeds' scoring
+//! formula (kept only as a benchmark baseline).
+
+use crate::model::median;
+use crate::rank::RankState;
+use crate::{Policy, StepModel};
+
+/// Models one policy assigns to all ranks.
+pub(crate) struct PolicyModels {
+    /// One model per rank (ranks without data get the median model).
+    pub models: Vec<StepModel>,
+    /// Ranks with data of their own for this policy.
+    pub known: usize,
+    /// Ranks whose model is live-fitted from fewer than half a window of
+    /// samples (and not a deliberate straggler re-fit), with that count.
+    pub young: Vec<(usize, u64)>,
+}
+
+/// The fixed cost `a` the live fit uses for this rank: the profile's for
+/// hybrid, 0 otherwise (the fitted rate then absorbs the fixed cost at the
+/// current batch, see [`crate::model::LiveModel`]).
+pub(crate) fn live_fixed(policy: Policy, rank: &RankState) -> f64 {
+    match (policy, rank.profile) {
+        (Policy::Hybrid, Some(p)) => p.fixed_seconds,
+        _ => 0.0,
+    }
+}
+
+/// The model of one rank under `policy`, from its own data only.
+fn own_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<StepModel> {
+    match policy {
+        Policy::Static | Policy::SeedFormula => best_estimate(rank),
+        Policy::Proportional => rank.profile,
+        Policy::Dynamic => rank.live.model(0.0),
+        Policy::Hybrid => {
+            let fixed = live_fixed(policy, rank);
+            let live = rank.live.model(fixed);
+            match (rank.profile, live) {
+                (Some(p), Some(l)) => {
+                    let w = if rank.profile_trusted { prior_weight } else { 0.0 };
+                    let n = rank.live.total() as f64;
+                    let c = (w * p.per_sample_seconds + n * l.per_sample_seconds) / (w + n);
+                    Some(StepModel {
+                        fixed_seconds: p.fixed_seconds,
+                        per_sample_seconds: c,
+                    })
+                }
+                (p, l) => l.or(p),
+            }
+        }
+    }
+}
+
+/// Best available description of a rank regardless of policy: live fit
+/// (with the profile's fixed cost when known), else the profile.
+pub(crate) fn best_estimate(rank: &mut RankState) -> Option<StepModel> {
+    let fixed = rank.profile.map_or(0.0, |p| p.fixed_seconds);
+    rank.live.model(fixed).or(rank.profile)
+}
+
+/// Models for every rank under `policy`. Ranks without data borrow the
+/// median fixed and per-sample cost of the others; with no data at all,
+/// every rank gets the same unit model (an equal split).
+pub(crate) fn policy_models(
+    policy: Policy,
+    ranks: &mut [RankState],
+    prior_weight: f64,
+    window: usize,
+) -> PolicyModels {
+    let own: Vec<Option<StepModel>> = ranks
+        .iter_mut()
+        .map(|r| own_model(policy, r, prior_weight).filter(StepModel::is_valid))
+        .collect();
+    let mut a: Vec<f64> = own.iter().flatten().map(|m| m.fixed_seconds).collect();
+    let mut c: Vec<f64> = own.iter().flatten().map(|m| m.per_sample_seconds).collect();
+    let known = c.len();
+    let fallback = match (median(&mut a), median(&mut c)) {
+        (Some(a), Some(c)) => StepModel {
+            fixed_seconds: a,
+            per_sample_seconds: c,
+        },
+        _ => StepModel {
+            fixed_seconds: 0.0,
+            per_sample_seconds: 1.0,
+        },
+    };
+    let half = (window / 2).max(1) as u64;
+    let uses_live = matches!(policy, Policy::Dynamic | Policy::Hybrid);
+    let young = if uses_live {
+        ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                let n = r.live.total();
+                n > 0 && n < half && !r.live.fast_refit()
+            })
+            .map(|(i, r)| (i, r.live.total()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let models = if policy == Policy::Static {
+        vec![fallback_unit(); ranks.len()]
+    } else {
+        own.into_iter().map(|m| m.unwrap_or(fallback)).collect()
+    };
+    PolicyModels {
+        models,
+        known,
+        young,
+    }
+}
+
+fn fallback_unit() -> StepModel {
+    StepModel {
+        fixed_seconds: 0.0,
+        per_sample_seconds: 1.0,
+    }
+}
+
+/// Weight of the hardware score in the seed formula.
+const SEED_BASE_WEIGHT: f64 = 0.6;
+/// Weight of the runtime factor (1 / iteration time) in the seed formula.
+const SEED_PERF_WEIGHT: f64 = 0.4;
+/// Penalty per unit of GPU utilisation and of memory use.
+const SEED_PENALTY: f64 = 0.2;
+/// A rank slower than this × the median is a straggler in the seed formula.
+const SEED_STRAGGLER_RATIO: f64 = 1.5;
+
+/// Seed 003's dynamic score per rank:
+/// `(0.6·compute_score + 0.4·(1/avg_iteration_time)) · (1 − 0.2·util) ·
+/// (1 − 0.2·mem) · (0.5 if iteration time > 1.5 × median)`.
+///
+/// The seed adds a FLOP/s score to an inverse time, which have different
+/// units; here each of the two is first normalised to sum 1 over the ranks
+/// (the only reading under which the 0.6/0.4 weights mean anything).
+/// Missing inputs borrow the median of the ranks that have them; utilisation
+/// and memory are fractions in [0, 1]. "Iteration time" is the mean compute
+/// time over the live window.
+pub fn seed_scores(
+    compute_score: &[Option<f64>],
+    mean_seconds: &[Option<f64>],
+    utilisation: &[Option<(f64, f64)>],
+) -> Vec<f64> {
+    let n = compute_score.len();
+    let base = normalise(&fill_median(compute_score, n));
+    let times = fill_median(mean_seconds, n);
+    let have_perf = mean_seconds.iter().flatten().any(|t| t.is_finite() && *t > 0.0);
+    let perf = normalise(&times.iter().map(|t| 1.0 / t).collect::<Vec<_>>());
+    let mut sorted = times.clone();
+    let median_time = median(&mut sorted).unwrap_or(1.0);
+    (0..n)
+        .map(|r| {
+            let mix = if have_perf {
+                SEED_BASE_WEIGHT * base[r] + SEED_PERF_WEIGHT * perf[r]
+            } else {
+                base[r]
+            };
+            let (u, m) = utilisation.get(r).copied().flatten().unwrap_or((0.0, 0.0));
+            let straggler = if have_perf && times[r] > SEED_STRAGGLER_RATIO * median_time {
+                0.5
+            } else {
+                1.0
+            };
+            let score = mix
+                * (1.0 - SEED_PENALTY * clamp01(u))
+                * (1.0 - SEED_PENALTY * clamp01(m))
+                * straggler;
+            if score.is_finite() && score > 0.0 {
+                score
+            } else {
+                f64::MIN_POSITIVE
+            }
+        })
+        .collect()
+}
+
+fn clamp01(x: f64) -> f64 {
+    if x.is_finite() {
+        x.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Positive finite values, missing ones replaced by the median (1 if none).
+fn fill_median(values: &[Option<f64>], n: usize) -> Vec<f64> {
+    let ok = |v: &f64| v.is_finite() && *v > 0.0;
+    let mut present: Vec<f64> = values.iter().flatten().copied().filter(ok).collect();
+    let med = median(&mut present).unwrap_or(1.0);
+    (0..n)
+        .map(|r| values.get(r).copied().flatten().filter(ok).unwrap_or(med))
+        .collect()
+}
+
+fn normalise(values: &[f64]) -> Vec<f64> {
+    let sum: f64 = values.iter().sum();
+    if sum > 0.0 && sum.is_finite() {
+        values.iter().map(|v| v / sum).collect()
+    } else {
+        vec![1.0 / values.len().max(1) as f64; values.len()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_formula_matches_the_pseudo_code() {
+        // Two ranks, equal hardware, rank 1 twice as slow per iteration.
+        let s = seed_scores(&[Some(1.0), Some(1.0)], &[Some(1.0), Some(2.0)], &[None, None]);
+        // base 0.5/0.5, perf 2/3 and 1/3.
+        assert!((s[0] - (0.6 * 0.5 + 0.4 * 2.0 / 3.0)).abs() < 1e-12);
+        assert!((s[1] - (0.6 * 0.5 + 0.4 / 3.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn seed_formula_penalises_busy_and_straggling_ranks() {
+        let s = seed_scores(
+            &[Some(1.0), Some(1.0), Some(1.0)],
+            &[Some(1.0), Some(1.0), Some(1.6)],
+            &[Some((1.0, 1.0)), Some((0.0, 0.0)), Some((0.0, 0.0))],
+        );
+        // Full utilisation and memory: × 0.8 × 0.8.
+        assert!((s[0] / s[1] - 0.64).abs() < 1e-12);
+        // 1.6 > 1.5 × median 1.0: halved (on top of its lower perf term).
+        let unhalved = 0.6 / 3.0 + 0.4 * (1.0 / 1.6) / (2.0 + 1.0 / 1.6);
+        assert!((s[2] - 0.5 * unhalved).abs() < 1e-12);
+    }
+
+    #[test]
+    fn seed_formula_survives_garbage() {
+        let s = seed_scores(&[Some(f64::NAN), None], &[Some(-1.0), Some(f64::INFINITY)], &[None]);
+        assert_eq!(s.len(), 2);
+        assert!(s.iter().all(|x| x.is_finite() && *x > 0.0));
+    }
+}

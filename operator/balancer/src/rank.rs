@@ -1,0 +1,66 @@
+//! What the balancer knows about one rank: its profile model and memory cap,
+//! its live measurement window, seed-formula inputs, and whether it still
+//! reports.
+
+use crate::model::LiveModel;
+use crate::StepModel;
+
+/// Per-rank state. Reset when the rank's pod moves to another device.
+#[derive(Debug, Clone)]
+pub(crate) struct RankState {
+    /// Model fitted from the start-up profile.
+    pub profile: Option<StepModel>,
+    /// Largest local batch that fits in memory (from the profile).
+    pub cap: Option<u32>,
+    /// Live measurement window.
+    pub live: LiveModel,
+    /// Seed formula: hardware compute score (e.g. matmul FLOP/s).
+    pub compute_score: Option<f64>,
+    /// Seed formula: (GPU utilisation, memory use), fractions in [0, 1].
+    pub utilisation: Option<(f64, f64)>,
+    /// A sample arrived since the previous decision.
+    pub reported_since_decision: bool,
+    /// Decisions in a row without a sample.
+    pub missed_decisions: u32,
+    /// The caller said this rank stopped reporting.
+    pub marked_missing: bool,
+    /// Batch of the last accepted sample.
+    pub last_batch: Option<u32>,
+    /// Compute seconds of the last accepted sample.
+    pub last_seconds: Option<f64>,
+    /// Hybrid: whether the profile still describes this rank (false after a
+    /// straggler re-fit showed the device changed).
+    pub profile_trusted: bool,
+    /// Fast re-fits since the previous decision.
+    pub refits_since_decision: u32,
+}
+
+impl RankState {
+    /// A rank nothing is known about yet.
+    pub fn new(window: usize) -> Self {
+        RankState {
+            profile: None,
+            cap: None,
+            live: LiveModel::new(window),
+            compute_score: None,
+            utilisation: None,
+            reported_since_decision: false,
+            missed_decisions: 0,
+            marked_missing: false,
+            last_batch: None,
+            last_seconds: None,
+            profile_trusted: true,
+            refits_since_decision: 0,
+        }
+    }
+
+    /// Has ever delivered a live sample.
+    pub fn ever_reported(&self) -> bool {
+        self.last_batch.is_some()
+    }
+
+    /// Stopped reporting: marked missing, or silent for `stale_after` decisions.
+    pub fn is_stale(&self, stale_after: u32) -> bool {
+        self.marked_missing || (self.ever_reported() && self.missed_decisions >= stale_after.max(1))
+    }
+}

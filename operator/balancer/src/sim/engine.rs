@@ -1,0 +1,186 @@
+//! The discrete-event loop: N synchronous ranks, each step lasting as long
+//! as the slowest rank's compute plus a fixed all-reduce, with per-step
+//! noise and scripted events, driven by a [`Balancer`].
+
+use super::report::{IntervalReport, RunReport};
+use super::rng::Rng;
+use super::scenario::{EventKind, Scenario, SimRank};
+use crate::{
+    balance_quality, continuous_split, Balancer, BalancerConfig, BalancerError, Policy, StepModel,
+};
+
+/// Multiplier of a wild outlier step.
+const OUTLIER_FACTOR: f64 = 5.0;
+/// Smallest noise multiplier (noise never makes a step free or negative).
+const MIN_NOISE_FACTOR: f64 = 0.05;
+/// Profile probe batch sizes (capped at each rank's memory cap).
+const PROBES: [u32; 6] = [1, 2, 4, 8, 16, 32];
+/// Repetitions of each profile probe.
+const PROBE_REPS: usize = 3;
+
+/// A simulated rank: its true model and its current slowdown.
+struct Live {
+    rank: SimRank,
+    slowdown: f64,
+}
+
+impl Live {
+    fn truth(&self) -> StepModel {
+        StepModel {
+            fixed_seconds: self.rank.fixed_seconds * self.slowdown,
+            per_sample_seconds: self.rank.per_sample_seconds * self.slowdown,
+        }
+    }
+}
+
+/// The oracle: per-rank compute time when every rank finishes together
+/// under the true models (continuous water-filling).
+fn oracle_times(ranks: &[Live], cfg: &BalancerConfig) -> Result<Vec<f64>, BalancerError> {
+    let models: Vec<StepModel> = ranks.iter().map(Live::truth).collect();
+    let lower = vec![cfg.min_local_batch; ranks.len()];
+    let upper: Vec<u32> = ranks.iter().map(|r| r.rank.max_batch).collect();
+    let (x, _) = continuous_split(&models, cfg.global_batch_size, &lower, &upper)?;
+    Ok(models
+        .iter()
+        .zip(&x)
+        .map(|(m, &b)| m.fixed_seconds + m.per_sample_seconds * b)
+        .collect())
+}
+
+fn noise_factor(rng: &mut Rng, noise: f64, outlier_rate: f64) -> f64 {
+    let mut f = (1.0 + noise * rng.normal()).max(MIN_NOISE_FACTOR);
+    if outlier_rate > 0.0 && rng.uniform() < outlier_rate {
+        f *= OUTLIER_FACTOR;
+    }
+    f
+}
+
+fn profile(bal: &mut Balancer, idx: usize, live: &Live, rng: &mut Rng, sc: &Scenario) -> Result<(), BalancerError> {
+    let truth = live.truth();
+    let mut points = Vec::new();
+    for &b in PROBES.iter().filter(|&&b| b <= live.rank.max_batch) {
+        for _ in 0..PROBE_REPS {
+            points.push((b, truth.predict(b) * noise_factor(rng, sc.noise, sc.outlier_rate)));
+        }
+    }
+    bal.observe_profile(idx, &points, live.rank.max_batch)?;
+    bal.observe_compute_score(idx, live.rank.compute_score)?;
+    Ok(())
+}
+
+/// Balancer settings the simulator uses for `policy` on `scenario`
+/// (defaults otherwise).
+pub fn sim_config(scenario: &Scenario, policy: Policy) -> BalancerConfig {
+    BalancerConfig {
+        policy,
+        global_batch_size: scenario.global_batch,
+        ..BalancerConfig::default()
+    }
+}
+
+/// Runs `policy` on `scenario` with the default balancer settings.
+pub fn run(scenario: &Scenario, policy: Policy, seed: u64) -> Result<RunReport, BalancerError> {
+    run_with(scenario, sim_config(scenario, policy), seed)
+}
+
+/// Runs one policy on a scenario with explicit balancer settings.
+pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<RunReport, BalancerError> {
+    let sc = scenario;
+    let mut rng = Rng::new(seed);
+    let mut ranks: Vec<Live> = sc.ranks.iter().cloned().map(|rank| Live { rank, slowdown: 1.0 }).collect();
+    let mut bal = Balancer::new(cfg.clone(), ranks.len())?;
+    for (i, r) in ranks.iter().enumerate() {
+        profile(&mut bal, i, r, &mut rng, sc)?;
+    }
+    let mut plan = bal.decide(&[])?.plan.unwrap_or_default();
+    let mut oracle = oracle_times(&ranks, &cfg)?;
+    let interval = sc.interval.max(1);
+
+    let mut report = RunReport::new(cfg.policy);
+    let mut plan_changes = 0u64;
+    let (mut total_time, mut ideal_time, mut cv_sum) = (0.0, 0.0, 0.0);
+    let (mut iv_time, mut iv_ideal, mut iv_cv, mut iv_start, mut iv_changes_before) = (0.0, 0.0, 0.0, 0u64, 0u64);
+    let mut compute = Vec::with_capacity(ranks.len());
+
+    for step in 0..sc.steps {
+        let mut changed = false;
+        for ev in sc.events.iter().filter(|e| e.step == step) {
+            match &ev.kind {
+                EventKind::Slowdown { rank, factor } => {
+                    if let Some(r) = ranks.get_mut(*rank) {
+                        r.slowdown = if factor.is_finite() && *factor > 0.0 { *factor } else { 1.0 };
+                    }
+                }
+                EventKind::Join { rank } => {
+                    let idx = bal.add_rank();
+                    ranks.push(Live {
+                        rank: rank.clone(),
+                        slowdown: 1.0,
+                    });
+                    profile(&mut bal, idx, &ranks[idx], &mut rng, sc)?;
+                    let d = bal.decide(&plan)?;
+                    if let Some(p) = d.plan {
+                        plan = p;
+                        plan_changes += 1;
+                    }
+                    report.last_reason = d.reason;
+                }
+            }
+            changed = true;
+        }
+        if changed {
+            oracle = oracle_times(&ranks, &cfg)?;
+        }
+
+        compute.clear();
+        let mut slowest: f64 = 0.0;
+        let mut ideal_slowest: f64 = 0.0;
+        for (i, r) in ranks.iter().enumerate() {
+            let f = noise_factor(&mut rng, sc.noise, sc.outlier_rate);
+            let b = plan.get(i).copied().unwrap_or(0);
+            let t = r.truth().predict(b) * f;
+            compute.push(t);
+            slowest = slowest.max(t);
+            ideal_slowest = ideal_slowest.max(oracle.get(i).copied().unwrap_or(0.0) * f);
+        }
+        let step_time = slowest + sc.allreduce_seconds;
+        let ideal_step = ideal_slowest + sc.allreduce_seconds;
+        let cv = balance_quality(&compute).cv_percent;
+        for (i, &t) in compute.iter().enumerate() {
+            let b = plan.get(i).copied().unwrap_or(0);
+            // Simulated ranks always report valid samples; ignore rejections.
+            let _ = bal.observe_step(i, b, t);
+            let mem = f64::from(b) / f64::from(ranks[i].rank.max_batch.max(1));
+            let _ = bal.observe_utilisation(i, t / step_time, mem);
+        }
+        total_time += step_time;
+        ideal_time += ideal_step;
+        cv_sum += cv;
+        iv_time += step_time;
+        iv_ideal += ideal_step;
+        iv_cv += cv;
+
+        if (step + 1) % interval == 0 || step + 1 == sc.steps {
+            let steps_in = step + 1 - iv_start;
+            report.intervals.push(IntervalReport {
+                start_step: iv_start,
+                steps: steps_in,
+                efficiency: iv_ideal / iv_time,
+                cv_percent: iv_cv / steps_in as f64,
+                rebalances_before: iv_changes_before,
+            });
+            let d = bal.decide(&plan)?;
+            if let Some(p) = d.plan {
+                plan = p;
+                plan_changes += 1;
+            }
+            report.last_reason = d.reason;
+            iv_start = step + 1;
+            iv_changes_before = plan_changes;
+            (iv_time, iv_ideal, iv_cv) = (0.0, 0.0, 0.0);
+        }
+    }
+    let samples = f64::from(sc.global_batch) * sc.steps as f64;
+    report.finish(samples, total_time, ideal_time, cv_sum / sc.steps.max(1) as f64, plan_changes, plan);
+    Ok(report)
+}

@@ -1,0 +1,410 @@
+//! The optimal split: minimise `max_r t_r(b_r)` subject to `Σ b_r = B` and
+//! `lo_r ≤ b_r ≤ hi_r`. Water-filling finds the common finish time `T` of the
+//! continuous problem by bisection; integers are then taken as
+//! `⌊(T − a_r)/c_r⌋` (every increment costing ≤ T) and the few missing samples
+//! are handed out greedily, cheapest next step time first, from a heap. That
+//! reproduces the greedy "give the next sample to whoever finishes it
+//! soonest", which is exactly optimal for increasing costs, in
+//! `O(n·log(range) + n·log n)` instead of `O(B·log n)`.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{BalancerError, StepModel};
+
+/// An integer split of the global batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Split {
+    /// Local batch per rank; sums exactly to the global batch.
+    pub batches: Vec<u32>,
+    /// Predicted step time of this split, `max_r t_r(b_r)`, in seconds.
+    pub step_seconds: f64,
+    /// Common finish time of the continuous (real-valued) optimum, in seconds;
+    /// a lower bound on `step_seconds`.
+    pub water_level_seconds: f64,
+}
+
+/// Optimal split of `global` samples over ranks with the given models, every
+/// rank getting at least `floor` and at most `caps[r]`.
+///
+/// Errors: no ranks, `caps` of the wrong length, an invalid model, a cap below
+/// the floor, or an infeasible global batch (below `n·floor`, above `Σ caps`).
+pub fn optimal_split(
+    models: &[StepModel],
+    global: u32,
+    floor: u32,
+    caps: &[u32],
+) -> Result<Split, BalancerError> {
+    let lower = vec![floor; models.len()];
+    optimal_split_bounded(models, global, &lower, caps)
+}
+
+/// Like [`optimal_split`] with a per-rank lower bound.
+pub fn optimal_split_bounded(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Result<Split, BalancerError> {
+    let level = water_level(models, global, lower, upper)?;
+    let batches = integer_split(models, global, lower, upper, level.lo);
+    let step_seconds = max_step(models, &batches);
+    Ok(Split {
+        batches,
+        step_seconds,
+        water_level_seconds: level.hi,
+    })
+}
+
+/// Predicted step time of `batches` under `models`: `max_r t_r(b_r)`
+/// (0 for no ranks; extra entries of the longer slice are ignored).
+pub fn max_step(models: &[StepModel], batches: &[u32]) -> f64 {
+    models
+        .iter()
+        .zip(batches)
+        .map(|(m, &b)| m.predict(b))
+        .fold(0.0, f64::max)
+}
+
+/// Real-valued optimal local batches `clamp((T − a_r)/c_r, lo_r, hi_r)` at the
+/// water level `T`, summing to `global` (up to float rounding), together
+/// with `T`. This is the ideal "everyone finishes together" split.
+pub fn continuous_split(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Result<(Vec<f64>, f64), BalancerError> {
+    let level = water_level(models, global, lower, upper)?;
+    let t = level.hi;
+    let x = models
+        .iter()
+        .zip(lower.iter().zip(upper))
+        .map(|(m, (&lo, &hi))| clamp_real(m.batch_at(t), lo, hi))
+        .collect();
+    Ok((x, t))
+}
+
+/// Bracket of the water level: `Σ x(lo) ≤ B ≤ Σ x(hi)`, `hi − lo` tiny.
+struct Level {
+    lo: f64,
+    hi: f64,
+}
+
+fn clamp_real(x: f64, lo: u32, hi: u32) -> f64 {
+    x.max(f64::from(lo)).min(f64::from(hi))
+}
+
+fn validate(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Result<(), BalancerError> {
+    let n = models.len();
+    if n == 0 {
+        return Err(BalancerError::NoRanks);
+    }
+    for (what, len) in [("lower bounds", lower.len()), ("caps", upper.len())] {
+        if len != n {
+            return Err(BalancerError::LengthMismatch {
+                what,
+                expected: n,
+                got: len,
+            });
+        }
+    }
+    for (rank, m) in models.iter().enumerate() {
+        if !m.is_valid() {
+            return Err(BalancerError::InvalidModel {
+                rank,
+                fixed_seconds: m.fixed_seconds,
+                per_sample_seconds: m.per_sample_seconds,
+            });
+        }
+        if lower[rank] > upper[rank] {
+            return Err(BalancerError::EmptyBounds {
+                rank,
+                min: lower[rank],
+                cap: upper[rank],
+            });
+        }
+    }
+    let min_sum: u64 = lower.iter().map(|&x| u64::from(x)).sum();
+    let cap_sum: u64 = upper.iter().map(|&x| u64::from(x)).sum();
+    let global = u64::from(global);
+    if global < min_sum {
+        return Err(BalancerError::BelowMinimum {
+            global,
+            min_sum,
+            ranks: n,
+        });
+    }
+    if global > cap_sum {
+        return Err(BalancerError::AboveCaps {
+            global,
+            cap_sum,
+            ranks: n,
+        });
+    }
+    Ok(())
+}
+
+fn water_level(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Result<Level, BalancerError> {
+    validate(models, global, lower, upper)?;
+    let target = f64::from(global);
+    let fill = |t: f64| -> f64 {
+        models
+            .iter()
+            .zip(lower.iter().zip(upper))
+            .map(|(m, (&lo, &hi))| clamp_real(m.batch_at(t), lo, hi))
+            .sum()
+    };
+    // At lo every rank sits at its lower bound, at hi at its cap.
+    let mut lo = models
+        .iter()
+        .zip(lower)
+        .map(|(m, &l)| m.predict(l))
+        .fold(f64::INFINITY, f64::min);
+    let mut hi = models
+        .iter()
+        .zip(upper)
+        .map(|(m, &u)| m.predict(u))
+        .fold(0.0, f64::max);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if !(mid > lo && mid < hi) {
+            break;
+        }
+        if fill(mid) < target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Level { lo, hi })
+}
+
+/// Heap key: next (or current) step time, then per-sample cost, then rank —
+/// ties go to the faster rank, then to the lower index.
+#[derive(PartialEq)]
+struct Key(f64, f64, usize);
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0
+            .total_cmp(&other.0)
+            .then(self.1.total_cmp(&other.1))
+            .then(self.2.cmp(&other.2))
+    }
+}
+
+fn integer_split(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+    level: f64,
+) -> Vec<u32> {
+    let mut b: Vec<u32> = models
+        .iter()
+        .zip(lower.iter().zip(upper))
+        .map(|(m, (&lo, &hi))| {
+            // Clamped in f64 first, so the cast never saturates wrongly.
+            clamp_real(m.batch_at(level).floor(), lo, hi) as u32
+        })
+        .collect();
+    let sum: u64 = b.iter().map(|&x| u64::from(x)).sum();
+    let global = u64::from(global);
+    if sum < global {
+        let mut heap: BinaryHeap<Reverse<Key>> = b
+            .iter()
+            .enumerate()
+            .filter(|(r, &x)| x < upper[*r])
+            .map(|(r, &x)| Reverse(Key(models[r].predict(x + 1), models[r].per_sample_seconds, r)))
+            .collect();
+        let mut missing = global - sum;
+        while missing > 0 {
+            let Some(Reverse(Key(_, _, r))) = heap.pop() else {
+                break; // unreachable: Σ caps ≥ global was checked
+            };
+            b[r] += 1;
+            missing -= 1;
+            if b[r] < upper[r] {
+                let m = &models[r];
+                heap.push(Reverse(Key(m.predict(b[r] + 1), m.per_sample_seconds, r)));
+            }
+        }
+    } else if sum > global {
+        // Float safety net: take back from the slowest finishers.
+        let mut heap: BinaryHeap<Key> = b
+            .iter()
+            .enumerate()
+            .filter(|(r, &x)| x > lower[*r])
+            .map(|(r, &x)| Key(models[r].predict(x), models[r].per_sample_seconds, r))
+            .collect();
+        let mut extra = sum - global;
+        while extra > 0 {
+            let Some(Key(_, _, r)) = heap.pop() else {
+                break;
+            };
+            b[r] -= 1;
+            extra -= 1;
+            if b[r] > lower[r] {
+                let m = &models[r];
+                heap.push(Key(m.predict(b[r]), m.per_sample_seconds, r));
+            }
+        }
+    }
+    b
+}
+
+/// Splits `global` in proportion to the real targets `x` (which must sum to
+/// `global` and lie within the bounds) by largest remainder; ties go to the
+/// lower rank. Used for damping. Returns `None` when the rounding cannot be
+/// made exact (inputs inconsistent).
+pub(crate) fn round_to_sum(x: &[f64], global: u32, lower: &[u32], upper: &[u32]) -> Option<Vec<u32>> {
+    let mut b: Vec<u32> = x
+        .iter()
+        .zip(lower.iter().zip(upper))
+        .map(|(&v, (&lo, &hi))| clamp_real(v.floor(), lo, hi) as u32)
+        .collect();
+    let sum: u64 = b.iter().map(|&v| u64::from(v)).sum();
+    let global = u64::from(global);
+    if sum > global {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..x.len()).filter(|&r| b[r] < upper[r]).collect();
+    order.sort_by(|&p, &q| {
+        let fp = x[p] - x[p].floor();
+        let fq = x[q] - x[q].floor();
+        fq.total_cmp(&fp).then(p.cmp(&q))
+    });
+    let mut missing = global - sum;
+    for r in order {
+        if missing == 0 {
+            break;
+        }
+        b[r] += 1;
+        missing -= 1;
+    }
+    (missing == 0).then_some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(a: f64, c: f64) -> StepModel {
+        StepModel {
+            fixed_seconds: a,
+            per_sample_seconds: c,
+        }
+    }
+
+    #[test]
+    fn proportional_to_speed_without_fixed_cost() {
+        let models = [m(0.0, 1.0), m(0.0, 1.0 / 0.7), m(0.0, 2.5), m(0.0, 4.0)];
+        let s = optimal_split(&models, 235, 1, &[1000; 4]).expect("split");
+        assert_eq!(s.batches, vec![100, 70, 40, 25]);
+        assert!((s.step_seconds - 100.0).abs() < 1e-9);
+        assert!((s.water_level_seconds - 100.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn caps_and_floor_bind() {
+        let models = [m(0.0, 1.0), m(0.0, 100.0)];
+        let s = optimal_split(&models, 100, 5, &[60, 100]).expect("split");
+        assert_eq!(s.batches, vec![60, 40]);
+        let s = optimal_split(&models, 100, 5, &[100, 100]).expect("split");
+        assert_eq!(s.batches, vec![95, 5]);
+    }
+
+    #[test]
+    fn fixed_cost_shifts_work_to_the_rank_without_it() {
+        // t0 = 10 + b, t1 = b: equal finish at b0 = 45, b1 = 55.
+        let s = optimal_split(&[m(10.0, 1.0), m(0.0, 1.0)], 100, 1, &[100, 100]).expect("split");
+        assert_eq!(s.batches, vec![45, 55]);
+        assert_eq!(s.step_seconds, 55.0);
+    }
+
+    #[test]
+    fn equal_models_split_evenly_with_low_ranks_taking_the_remainder() {
+        let s = optimal_split(&[m(0.0, 1.0); 4], 10, 1, &[10; 4]).expect("split");
+        assert_eq!(s.batches, vec![3, 3, 2, 2]);
+    }
+
+    #[test]
+    fn infeasible_requests_name_the_numbers() {
+        let models = [m(0.0, 1.0); 4];
+        assert_eq!(
+            optimal_split(&models, 3, 1, &[10; 4]),
+            Err(BalancerError::BelowMinimum {
+                global: 3,
+                min_sum: 4,
+                ranks: 4
+            })
+        );
+        assert_eq!(
+            optimal_split(&models, 41, 1, &[10; 4]),
+            Err(BalancerError::AboveCaps {
+                global: 41,
+                cap_sum: 40,
+                ranks: 4
+            })
+        );
+        assert_eq!(
+            optimal_split(&models, 8, 3, &[10, 2, 10, 10]),
+            Err(BalancerError::EmptyBounds {
+                rank: 1,
+                min: 3,
+                cap: 2
+            })
+        );
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_not_panics() {
+        assert_eq!(optimal_split(&[], 10, 1, &[]), Err(BalancerError::NoRanks));
+        assert!(matches!(
+            optimal_split(&[m(0.0, 1.0)], 10, 1, &[10, 10]),
+            Err(BalancerError::LengthMismatch { .. })
+        ));
+        for bad in [m(f64::NAN, 1.0), m(0.0, 0.0), m(0.0, -1.0), m(-1.0, 1.0), m(0.0, f64::INFINITY)] {
+            assert!(matches!(
+                optimal_split(&[m(0.0, 1.0), bad], 10, 1, &[10, 10]),
+                Err(BalancerError::InvalidModel { rank: 1, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn extreme_speed_ratios_stay_exact() {
+        let models = [m(0.0, 1e-9), m(1e3, 1e6), m(0.0, 1.0)];
+        let s = optimal_split(&models, u32::MAX, 1, &[u32::MAX; 3]).expect("split");
+        let sum: u64 = s.batches.iter().map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, u64::from(u32::MAX));
+    }
+
+    #[test]
+    fn round_to_sum_is_exact() {
+        let b = round_to_sum(&[1.5, 1.5, 2.0], 5, &[1; 3], &[5; 3]).expect("round");
+        assert_eq!(b, vec![2, 1, 2]);
+    }
+}

@@ -1,0 +1,75 @@
+//! Build script: compiles the C++ c10d shim (csrc/c10d_shim.cpp) against the
+//! same libtorch that tch links, and embeds an rpath to `<libtorch>/lib` so
+//! the trainer runs without LD_LIBRARY_PATH.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn libtorch_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("LIBTORCH") {
+        return PathBuf::from(dir);
+    }
+    let python = std::env::var("HETEROTRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import torch,os;print(os.path.dirname(torch.__file__))",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("LIBTORCH is not set and `{python}` could not run: {e}"));
+    assert!(
+        out.status.success(),
+        "LIBTORCH is not set and `{python}` has no torch; set LIBTORCH to the torch dir"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=HETEROTRAIN_PYTHON");
+    println!("cargo:rerun-if-env-changed=HETEROTRAIN_CXX11_ABI");
+    println!("cargo:rerun-if-env-changed=GLOO_INCLUDE_DIR");
+    let torch = libtorch_dir();
+    let inc = torch.join("include");
+    let lib = torch.join("lib");
+    let abi = std::env::var("HETEROTRAIN_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    let gloo_inc = std::env::var("GLOO_INCLUDE_DIR").unwrap_or_else(|_| "/usr/include".into());
+    let nccl = std::env::var("CARGO_FEATURE_NCCL").is_ok();
+
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .file("csrc/c10d_shim.cpp")
+        .include(&inc)
+        .include(inc.join("torch/csrc/api/include"))
+        .include(&gloo_inc)
+        .flag("-std=c++17")
+        .flag("-Wno-unused-parameter")
+        .flag("-Wno-deprecated-declarations")
+        .define("USE_C10D_GLOO", None)
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .warnings(false);
+    if nccl {
+        let site = torch.parent().map(PathBuf::from).unwrap_or_default();
+        build
+            .define("USE_C10D_NCCL", None)
+            .define("USE_CUDA", None)
+            .define("HT_USE_NCCL", None)
+            .include(site.join("nvidia/nccl/include"))
+            .include(site.join("nvidia/cu13/include"))
+            .include(site.join("nvidia/cuda_runtime/include"));
+    }
+    build.compile("c10d_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-link-lib=dylib=torch");
+    if nccl {
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    }
+    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+}

@@ -1,0 +1,334 @@
+//! Safe Rust wrapper over the C++ c10d shim (csrc/c10d_shim.cpp): a
+//! `ProcessGroup` joined through PyTorch's TCPStore, with Gloo (and NCCL
+//! when built with the `nccl` feature) collectives on tch tensors.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::time::Duration;
+
+use tch::{Device, Tensor};
+
+use crate::error::{Result, TrainerError};
+
+const ERR_LEN: usize = 2048;
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn ht_pg_create(
+        master_addr: *const c_char,
+        master_port: c_int,
+        rank: c_int,
+        world: c_int,
+        rendezvous_timeout_ms: i64,
+        collective_timeout_ms: i64,
+        bind_host: *const c_char,
+        iface: *const c_char,
+        use_nccl: c_int,
+        gloo_threads: c_int,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    fn ht_pg_destroy(h: *mut c_void);
+    fn ht_pg_has_nccl(h: *mut c_void) -> c_int;
+    fn ht_pg_enable_nccl(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_pg_allreduce_sum(h: *mut c_void, t: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_pg_allreduce_sum_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn ht_work_wait(h: *mut c_void, work: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_pg_broadcast(
+        h: *mut c_void,
+        t: *mut c_void,
+        root: c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn ht_pg_allgather(
+        h: *mut c_void,
+        t: *mut c_void,
+        outs: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn ht_pg_barrier(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_set_deterministic(on: c_int);
+    fn ht_set_log_level(level: c_int);
+}
+
+/// Turn ATen's deterministic-algorithms switch on or off.
+pub fn set_deterministic(on: bool) {
+    // SAFETY: plain setter on ATen's global context; catches internally.
+    unsafe { ht_set_deterministic(c_int::from(on)) }
+}
+
+/// Quiet c10d's own stderr logging (its errors reach us as exceptions)
+/// unless the user set `TORCH_CPP_LOG_LEVEL`.
+pub fn quiet_c10_logging() {
+    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+        // SAFETY: writes an int flag.
+        unsafe { ht_set_log_level(3) }
+    }
+}
+
+/// How to join the job.
+#[derive(Clone, Debug)]
+pub struct RendezvousConfig {
+    pub master_addr: String,
+    pub master_port: u16,
+    pub rank: usize,
+    pub world_size: usize,
+    pub rendezvous_timeout: Duration,
+    pub collective_timeout: Duration,
+    /// Address the Gloo device binds (None: the interface / default rules).
+    pub bind_host: Option<String>,
+    /// Network interface for Gloo (GLOO_SOCKET_IFNAME).
+    pub iface: Option<String>,
+}
+
+/// A joined c10d process group.
+pub struct ProcessGroup {
+    handle: *mut c_void,
+    rank: usize,
+    world: usize,
+    nccl: bool,
+}
+
+// SAFETY: the C++ group is used from one thread at a time (&mut / owned).
+unsafe impl Send for ProcessGroup {}
+
+/// An in-flight asynchronous all-reduce; `wait` it before using the tensor.
+pub struct PendingWork<'a> {
+    pg: &'a ProcessGroup,
+    work: *mut c_void,
+    op: &'static str,
+}
+
+impl PendingWork<'_> {
+    /// Block until the collective finished (or failed / timed out).
+    pub fn wait(mut self) -> Result<()> {
+        let work = std::mem::replace(&mut self.work, std::ptr::null_mut());
+        let op = self.op;
+        self.pg.call(op, |err| unsafe {
+            ht_work_wait(self.pg.handle, work, err, ERR_LEN)
+        })
+    }
+}
+
+impl Drop for PendingWork<'_> {
+    fn drop(&mut self) {
+        if !self.work.is_null() {
+            let mut buf = vec![0 as c_char; ERR_LEN];
+            // SAFETY: work came from ht_pg_allreduce_sum_async and is waited once.
+            unsafe { ht_work_wait(self.pg.handle, self.work, buf.as_mut_ptr(), ERR_LEN) };
+        }
+    }
+}
+
+fn err_text(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr == "localhost" || addr.starts_with("127.") || addr == "::1"
+}
+
+impl ProcessGroup {
+    /// Rendezvous at `MASTER_ADDR:MASTER_PORT` and build the process groups.
+    /// A rank that does not arrive within the rendezvous timeout is named in
+    /// the error.
+    pub fn join(cfg: &RendezvousConfig) -> Result<ProcessGroup> {
+        let bad = |what: &str| TrainerError::Config(format!("{what} contains a NUL byte"));
+        let addr = CString::new(cfg.master_addr.clone()).map_err(|_| bad("MASTER_ADDR"))?;
+        let bind = cfg.bind_host.clone().or_else(|| {
+            if cfg.iface.is_none() && is_loopback(&cfg.master_addr) {
+                Some("127.0.0.1".to_string())
+            } else {
+                None
+            }
+        });
+        let bind = CString::new(bind.unwrap_or_default()).map_err(|_| bad("bind host"))?;
+        let iface =
+            CString::new(cfg.iface.clone().unwrap_or_default()).map_err(|_| bad("interface"))?;
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        let mut buf = vec![0 as c_char; ERR_LEN];
+        // SAFETY: all pointers are valid for the duration of the call.
+        let rc = unsafe {
+            ht_pg_create(
+                addr.as_ptr(),
+                c_int::from(cfg.master_port),
+                cfg.rank as c_int,
+                cfg.world_size as c_int,
+                cfg.rendezvous_timeout.as_millis() as i64,
+                cfg.collective_timeout.as_millis() as i64,
+                bind.as_ptr(),
+                iface.as_ptr(),
+                0,
+                2,
+                &mut handle,
+                buf.as_mut_ptr(),
+                ERR_LEN,
+            )
+        };
+        if rc != 0 || handle.is_null() {
+            return Err(TrainerError::Rendezvous(err_text(&buf)));
+        }
+        // SAFETY: handle is a live group.
+        let nccl = unsafe { ht_pg_has_nccl(handle) } != 0;
+        Ok(ProcessGroup {
+            handle,
+            rank: cfg.rank,
+            world: cfg.world_size,
+            nccl,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Build the NCCL group (every rank together, all on CUDA).
+    pub fn enable_nccl(&mut self) -> Result<()> {
+        let h = self.handle;
+        // SAFETY: h is live.
+        self.call("enable_nccl", |err| unsafe { ht_pg_enable_nccl(h, err, ERR_LEN) })?;
+        // SAFETY: h is live.
+        self.nccl = unsafe { ht_pg_has_nccl(h) } != 0;
+        Ok(())
+    }
+
+    /// True when `t` must be copied through host memory for a collective.
+    pub fn needs_staging(&self, t: &Tensor) -> bool {
+        !self.direct(t)
+    }
+
+    /// Whether CUDA tensors go through NCCL (else they are staged via host).
+    pub fn has_nccl(&self) -> bool {
+        self.nccl
+    }
+
+    fn call(&self, op: &'static str, f: impl FnOnce(*mut c_char) -> c_int) -> Result<()> {
+        let mut buf = vec![0 as c_char; ERR_LEN];
+        if f(buf.as_mut_ptr()) != 0 {
+            return Err(TrainerError::Collective {
+                op,
+                msg: err_text(&buf),
+            });
+        }
+        Ok(())
+    }
+
+    fn check(t: &Tensor) -> Result<()> {
+        if !t.is_contiguous() {
+            return Err(TrainerError::Collective {
+                op: "check",
+                msg: "tensor is not contiguous".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `t` can go to c10d as is (CPU, or CUDA with NCCL).
+    fn direct(&self, t: &Tensor) -> bool {
+        t.device() == Device::Cpu || self.nccl
+    }
+
+    /// In-place SUM all-reduce.
+    pub fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
+        Self::check(t)?;
+        if !self.direct(t) {
+            let mut host = t.to_device(Device::Cpu);
+            self.all_reduce_sum(&mut host)?;
+            t.copy_(&host);
+            return Ok(());
+        }
+        let h = self.handle;
+        let p = t.as_mut_ptr() as *mut c_void;
+        // SAFETY: p is a live at::Tensor*, h a live group.
+        self.call("all_reduce", |err| unsafe { ht_pg_allreduce_sum(h, p, err, ERR_LEN) })
+    }
+
+    /// Start an in-place SUM all-reduce of a CPU (or NCCL-able) tensor; the
+    /// tensor must stay alive and untouched until the work is waited.
+    pub fn all_reduce_sum_async(&self, t: &mut Tensor) -> Result<PendingWork<'_>> {
+        Self::check(t)?;
+        if !self.direct(t) {
+            return Err(TrainerError::Collective {
+                op: "all_reduce",
+                msg: "async all-reduce needs a host tensor when NCCL is off".into(),
+            });
+        }
+        let h = self.handle;
+        let p = t.as_mut_ptr() as *mut c_void;
+        let mut work: *mut c_void = std::ptr::null_mut();
+        // SAFETY: as above; work receives a heap handle.
+        self.call("all_reduce", |err| unsafe {
+            ht_pg_allreduce_sum_async(h, p, &mut work, err, ERR_LEN)
+        })?;
+        Ok(PendingWork {
+            pg: self,
+            work,
+            op: "all_reduce",
+        })
+    }
+
+    /// In-place broadcast from `root`.
+    pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<()> {
+        Self::check(t)?;
+        if !self.direct(t) {
+            let mut host = t.to_device(Device::Cpu);
+            self.broadcast(&mut host, root)?;
+            t.copy_(&host);
+            return Ok(());
+        }
+        let h = self.handle;
+        let p = t.as_mut_ptr() as *mut c_void;
+        // SAFETY: p is a live at::Tensor*.
+        self.call("broadcast", |err| unsafe {
+            ht_pg_broadcast(h, p, root as c_int, err, ERR_LEN)
+        })
+    }
+
+    /// Gather `t` from every rank; returns one tensor per rank.
+    pub fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let mut input = t.to_device(Device::Cpu).contiguous();
+        let mut outs: Vec<Tensor> = (0..self.world).map(|_| input.empty_like()).collect();
+        let mut ptrs: Vec<*mut c_void> = outs
+            .iter_mut()
+            .map(|o| o.as_mut_ptr() as *mut c_void)
+            .collect();
+        let h = self.handle;
+        let p = input.as_mut_ptr() as *mut c_void;
+        // SAFETY: input and outs outlive the call.
+        self.call("all_gather", |err| unsafe {
+            ht_pg_allgather(h, p, ptrs.as_mut_ptr(), err, ERR_LEN)
+        })?;
+        Ok(outs)
+    }
+
+    /// Wait for every rank.
+    pub fn barrier(&self) -> Result<()> {
+        let h = self.handle;
+        // SAFETY: h is live.
+        self.call("barrier", |err| unsafe { ht_pg_barrier(h, err, ERR_LEN) })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: handle came from ht_pg_create and is dropped once.
+        unsafe { ht_pg_destroy(self.handle) }
+    }
+}

@@ -1,0 +1,288 @@
+//! Command line and typed configuration (clap derive + serde). Flags mirror
+//! the prototype's (`--model --dataset --batch-size --epochs --lr
+//! --backend ...`); torchrun's env vars give the rank layout.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// HeteroTrain trainer: data-parallel training across unlike machines, each
+/// rank with a local batch sized to its speed while the global batch stays B.
+#[derive(Debug, Parser)]
+#[command(name = "heterotrain-trainer", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model (one process per rank; torchrun env vars give the layout).
+    Train(Box<TrainConfig>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ModelKind {
+    Mlp,
+    SimpleCnn,
+    Resnet18,
+    Resnet50,
+    Gpt,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DatasetKind {
+    SyntheticImage,
+    SyntheticText,
+    Cifar10,
+    Mnist,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    Sgd,
+    Adamw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    Constant,
+    Cosine,
+    Step,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// NCCL when every rank is CUDA (and built with it), else Gloo.
+    Auto,
+    Gloo,
+    Nccl,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ResumeMode {
+    /// Load the newest valid checkpoint in --checkpoint-dir, if any.
+    Auto,
+    /// Start from scratch.
+    Never,
+}
+
+/// Everything a training run is configured by.
+#[derive(Clone, Debug, Args, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Model architecture.
+    #[arg(long, value_enum, default_value = "mlp", env = "HT_MODEL")]
+    pub model: ModelKind,
+    /// Hidden width of mlp / simple_cnn's dense layer.
+    #[arg(long, default_value_t = 128)]
+    pub hidden: i64,
+    /// Transformer blocks (gpt).
+    #[arg(long, default_value_t = 2)]
+    pub layers: i64,
+    /// Attention heads (gpt).
+    #[arg(long, default_value_t = 4)]
+    pub heads: i64,
+    /// Embedding width (gpt).
+    #[arg(long, default_value_t = 128)]
+    pub width: i64,
+    /// Context length in tokens (gpt, synthetic_text).
+    #[arg(long, default_value_t = 64)]
+    pub context: i64,
+    /// Vocabulary size (gpt, synthetic_text).
+    #[arg(long, default_value_t = 256)]
+    pub vocab: i64,
+
+    /// Dataset.
+    #[arg(long, value_enum, default_value = "synthetic_image", env = "HT_DATASET")]
+    pub dataset: DatasetKind,
+    /// Directory with the dataset files (cifar10: data_batch_*.bin, test_batch.bin;
+    /// mnist: train-images-idx3-ubyte etc., optionally .gz-free).
+    #[arg(long, env = "HT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Number of samples for the synthetic datasets.
+    #[arg(long, default_value_t = 4096)]
+    pub synthetic_samples: usize,
+    /// Fraction held out for evaluation when the dataset has no test split.
+    #[arg(long, default_value_t = 0.1)]
+    pub eval_fraction: f64,
+
+    /// Global batch size B (sum of all ranks' local batches).
+    #[arg(long, alias = "global-batch-size", default_value_t = 64, env = "HT_BATCH_SIZE")]
+    pub batch_size: u32,
+    /// Epochs to train (an epoch = floor(N/B) steps).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Stop after this many steps in total (overrides --epochs when reached first).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "sgd")]
+    pub optimizer: OptimizerKind,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Weight decay (L2 for sgd, decoupled for adamw).
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Learning-rate schedule after warmup.
+    #[arg(long, value_enum, default_value = "constant")]
+    pub schedule: ScheduleKind,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: u64,
+    /// Steps between decays (schedule step).
+    #[arg(long, default_value_t = 1000)]
+    pub step_size: u64,
+    /// Decay factor (schedule step).
+    #[arg(long, default_value_t = 0.1)]
+    pub gamma: f64,
+    /// Seed for model init, data and shuffling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Take samples in order instead of a seeded permutation per epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Deterministic algorithms (bit-identical reruns and resumes on CPU with --threads 1).
+    #[arg(long)]
+    pub deterministic: bool,
+
+    /// Collective backend.
+    #[arg(long, value_enum, default_value = "auto", env = "HT_BACKEND")]
+    pub backend: BackendKind,
+    /// Compute device.
+    #[arg(long, value_enum, default_value = "cpu", env = "HT_DEVICE")]
+    pub device: DeviceArg,
+    /// Intra-op threads for this rank (0: libtorch's default).
+    #[arg(long, default_value_t = 0, env = "HT_THREADS")]
+    pub threads: usize,
+
+    /// Directory for this rank's JSON-lines log `rank-<r>.jsonl` and, on
+    /// rank 0, the final weights `model.safetensors`.
+    #[arg(long, default_value = "heterotrain-out", env = "HT_OUTPUT_DIR")]
+    pub output_dir: PathBuf,
+    /// Directory for checkpoints (written by rank 0); none: no checkpoints.
+    #[arg(long, env = "HT_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Resume from the newest valid checkpoint (`auto`) or not.
+    #[arg(long, value_enum, default_value = "never", env = "HT_RESUME")]
+    pub resume: ResumeMode,
+    /// JSON batch plan (DESIGN.md format); rank 0 re-reads it when it changes
+    /// and all ranks switch at the same step. Without it: an equal split.
+    #[arg(long, env = "HT_PLAN_FILE")]
+    pub plan_file: Option<PathBuf>,
+
+    /// Seconds to wait for all ranks to join.
+    #[arg(long, default_value_t = 300)]
+    pub rendezvous_timeout_secs: u64,
+    /// Seconds a collective may take before the run fails.
+    #[arg(long, default_value_t = 300)]
+    pub collective_timeout_secs: u64,
+    /// Flattened gradient bucket size in MiB for the all-reduce.
+    #[arg(long, default_value_t = 25)]
+    pub bucket_mib: usize,
+
+    /// This rank (torchrun `RANK`).
+    #[arg(long, env = "RANK", default_value_t = 0)]
+    pub rank: usize,
+    /// Number of ranks (torchrun `WORLD_SIZE`).
+    #[arg(long, env = "WORLD_SIZE", default_value_t = 1)]
+    pub world_size: usize,
+    /// Rank on this host; picks the CUDA device (torchrun `LOCAL_RANK`).
+    #[arg(long, env = "LOCAL_RANK", default_value_t = 0)]
+    pub local_rank: usize,
+    /// Rank 0's address (torchrun `MASTER_ADDR`).
+    #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Rank 0's TCPStore port (torchrun `MASTER_PORT`).
+    #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
+    pub master_port: u16,
+    /// Address the Gloo transport binds (default: 127.0.0.1 when MASTER_ADDR
+    /// is loopback, else the host's resolved address).
+    #[arg(long, env = "HT_BIND_ADDR")]
+    pub bind_addr: Option<String>,
+    /// Network interface for Gloo.
+    #[arg(long, env = "GLOO_SOCKET_IFNAME")]
+    pub gloo_socket_ifname: Option<String>,
+
+    /// Sleep this long after every step (demos and tests of live plan changes).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub step_sleep_ms: u64,
+}
+
+impl TrainConfig {
+    /// Check cross-flag invariants before anything starts.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.world_size == 0 {
+            return Err("WORLD_SIZE must be at least 1".into());
+        }
+        if self.rank >= self.world_size {
+            return Err(format!(
+                "RANK {} is out of range for WORLD_SIZE {}",
+                self.rank, self.world_size
+            ));
+        }
+        if (self.batch_size as usize) < self.world_size {
+            return Err(format!(
+                "--batch-size {} is smaller than WORLD_SIZE {}: every rank needs at least one sample",
+                self.batch_size, self.world_size
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("--lr must be a positive number, got {}", self.lr));
+        }
+        if !(0.0..1.0).contains(&self.eval_fraction) {
+            return Err(format!(
+                "--eval-fraction must be in [0, 1), got {}",
+                self.eval_fraction
+            ));
+        }
+        if self.model == ModelKind::Gpt && self.dataset != DatasetKind::SyntheticText {
+            return Err("--model gpt trains on --dataset synthetic_text".into());
+        }
+        if self.dataset == DatasetKind::SyntheticText && self.model != ModelKind::Gpt {
+            return Err("--dataset synthetic_text needs --model gpt".into());
+        }
+        if self.model == ModelKind::Gpt && (self.heads <= 0 || self.width % self.heads != 0) {
+            return Err(format!(
+                "--width {} must be a positive multiple of --heads {}",
+                self.width, self.heads
+            ));
+        }
+        if matches!(self.dataset, DatasetKind::Cifar10 | DatasetKind::Mnist)
+            && self.data_dir.is_none()
+        {
+            return Err("--data-dir is required for cifar10 and mnist".into());
+        }
+        if self.hidden <= 0 || self.layers <= 0 || self.context <= 1 || self.vocab <= 1 {
+            return Err("model size flags must be positive (context and vocab > 1)".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,111 @@
+//! Datasets held in memory as tensors: synthetic images and text
+//! (deterministic by seed), CIFAR-10 binary batches, MNIST IDX files.
+
+pub mod cifar;
+pub mod mnist;
+pub mod synthetic;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::cli::{DatasetKind, TrainConfig};
+use crate::error::{Result, TrainerError};
+
+/// What the model sees and predicts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataShape {
+    /// Images `[C, H, W]` with `classes` labels.
+    Image { chw: [i64; 3], classes: i64 },
+    /// Token sequences of `context` tokens over `vocab`; targets are the
+    /// inputs shifted by one.
+    Text { context: i64, vocab: i64 },
+}
+
+/// A train split and a held-out eval split.
+pub struct Dataset {
+    pub shape: DataShape,
+    pub train_x: Tensor,
+    pub train_y: Tensor,
+    pub eval_x: Tensor,
+    pub eval_y: Tensor,
+}
+
+impl Dataset {
+    pub fn train_len(&self) -> usize {
+        self.train_x.size()[0] as usize
+    }
+
+    pub fn eval_len(&self) -> usize {
+        self.eval_x.size()[0] as usize
+    }
+
+    /// Rows `idx` of the train split, on `device`.
+    pub fn train_batch(&self, idx: &[usize], device: Device) -> (Tensor, Tensor) {
+        gather(&self.train_x, &self.train_y, idx, device)
+    }
+
+    /// Rows `idx` of the eval split, on `device`.
+    pub fn eval_batch(&self, idx: &[usize], device: Device) -> (Tensor, Tensor) {
+        gather(&self.eval_x, &self.eval_y, idx, device)
+    }
+}
+
+fn gather(x: &Tensor, y: &Tensor, idx: &[usize], device: Device) -> (Tensor, Tensor) {
+    let i: Vec<i64> = idx.iter().map(|&v| v as i64).collect();
+    let i = Tensor::from_slice(&i);
+    (
+        x.index_select(0, &i).to_device(device),
+        y.index_select(0, &i).to_device(device),
+    )
+}
+
+/// Split the last `fraction` of rows off as the eval split.
+pub fn split_tail(x: Tensor, y: Tensor, fraction: f64) -> (Tensor, Tensor, Tensor, Tensor) {
+    let n = x.size()[0];
+    let n_eval = ((n as f64) * fraction).round() as i64;
+    let n_train = n - n_eval;
+    (
+        x.narrow(0, 0, n_train),
+        y.narrow(0, 0, n_train),
+        x.narrow(0, n_train, n_eval),
+        y.narrow(0, n_train, n_eval),
+    )
+}
+
+/// Normalise u8 images `[N, C, H, W]` per channel to float.
+pub fn normalize_u8(images: &Tensor, mean: &[f64], std: &[f64]) -> Tensor {
+    let c = mean.len() as i64;
+    let m = Tensor::from_slice(mean).to_kind(Kind::Float).view([1, c, 1, 1]);
+    let s = Tensor::from_slice(std).to_kind(Kind::Float).view([1, c, 1, 1]);
+    (images.to_kind(Kind::Float) / 255.0 - m) / s
+}
+
+/// Load the dataset a config names.
+pub fn load(cfg: &TrainConfig) -> Result<Dataset> {
+    let dir = || {
+        cfg.data_dir
+            .clone()
+            .ok_or_else(|| TrainerError::Config("--data-dir is required".into()))
+    };
+    let ds = match cfg.dataset {
+        DatasetKind::SyntheticImage => {
+            synthetic::images(cfg.synthetic_samples, cfg.seed, cfg.eval_fraction)
+        }
+        DatasetKind::SyntheticText => synthetic::text(
+            cfg.synthetic_samples,
+            cfg.context,
+            cfg.vocab,
+            cfg.seed,
+            cfg.eval_fraction,
+        ),
+        DatasetKind::Cifar10 => cifar::load(&dir()?, cfg.eval_fraction)?,
+        DatasetKind::Mnist => mnist::load(&dir()?, cfg.eval_fraction)?,
+    };
+    if ds.train_len() < cfg.batch_size as usize {
+        return Err(TrainerError::Data(format!(
+            "the train split has {} samples, fewer than one global batch of {}",
+            ds.train_len(),
+            cfg.batch_size
+        )));
+    }
+    Ok(ds)
+}

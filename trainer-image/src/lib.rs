@@ -1,0 +1,18 @@
+//! HeteroTrain trainer: heterogeneous data-parallel training on libtorch
+//! (tch) with PyTorch's own c10d collectives through a small C++ shim.
+
+pub mod c10d;
+pub mod checkpoint;
+pub mod cli;
+pub mod control;
+pub mod data;
+pub mod error;
+pub mod grad_sync;
+pub mod log;
+pub mod models;
+pub mod optim;
+pub mod plan_source;
+pub mod sampler;
+pub mod train;
+
+pub use error::{Result, TrainerError};

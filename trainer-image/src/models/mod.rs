@@ -1,0 +1,90 @@
+//! Model builders: functions over `nn::Path` whose sub-path names are the
+//! stable checkpoint keys (`fc1.weight`, `layer1.0.conv1.weight`, `h.0.attn.c_attn.weight`).
+
+pub mod cnn;
+pub mod gpt;
+pub mod mlp;
+
+use tch::nn::{self, ModuleT};
+use tch::{Kind, Tensor};
+
+use crate::cli::{ModelKind, TrainConfig};
+use crate::data::DataShape;
+use crate::error::{Result, TrainerError};
+
+/// A model: the network and how its output is scored.
+pub struct Model {
+    pub net: Box<dyn ModuleT>,
+    pub shape: DataShape,
+}
+
+impl Model {
+    pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        self.net.forward_t(x, train)
+    }
+
+    /// Mean cross-entropy over the local batch (over tokens for text).
+    pub fn loss(&self, logits: &Tensor, y: &Tensor) -> Tensor {
+        let classes = *logits.size().last().unwrap_or(&1);
+        logits
+            .view([-1, classes])
+            .cross_entropy_for_logits(&y.view([-1]))
+    }
+
+    /// (number correct, number scored, summed loss) for evaluation.
+    pub fn score(&self, logits: &Tensor, y: &Tensor) -> (f64, f64, f64) {
+        let classes = *logits.size().last().unwrap_or(&1);
+        let l = logits.view([-1, classes]);
+        let t = y.view([-1]);
+        let correct = l.argmax(-1, false).eq_tensor(&t).sum(Kind::Float).double_value(&[]);
+        let n = t.size()[0] as f64;
+        let loss = l
+            .log_softmax(-1, Kind::Float)
+            .nll_loss(&t)
+            .double_value(&[])
+            * n;
+        (correct, n, loss)
+    }
+}
+
+/// Build the model a config names for data of `shape`.
+pub fn build(p: &nn::Path, cfg: &TrainConfig, shape: &DataShape) -> Result<Model> {
+    let mismatch = |m: &str| {
+        TrainerError::Config(format!("--model {m} does not fit the dataset's shape {shape:?}"))
+    };
+    let net: Box<dyn ModuleT> = match (cfg.model, shape) {
+        (ModelKind::Mlp, DataShape::Image { chw, classes }) => {
+            Box::new(mlp::mlp(p, chw.iter().product(), cfg.hidden, *classes))
+        }
+        (ModelKind::SimpleCnn, DataShape::Image { chw, classes }) => {
+            Box::new(cnn::simple_cnn(p, *chw, cfg.hidden, *classes))
+        }
+        (ModelKind::Resnet18, DataShape::Image { chw, classes }) => {
+            if chw[0] != 3 {
+                return Err(mismatch("resnet18 (needs 3 channels)"));
+            }
+            Box::new(tch::vision::resnet::resnet18(p, *classes))
+        }
+        (ModelKind::Resnet50, DataShape::Image { chw, classes }) => {
+            if chw[0] != 3 {
+                return Err(mismatch("resnet50 (needs 3 channels)"));
+            }
+            Box::new(tch::vision::resnet::resnet50(p, *classes))
+        }
+        (ModelKind::Gpt, DataShape::Text { context, vocab }) => Box::new(gpt::gpt(
+            p,
+            gpt::GptConfig {
+                vocab: *vocab,
+                context: *context,
+                layers: cfg.layers,
+                heads: cfg.heads,
+                width: cfg.width,
+            },
+        )),
+        (m, _) => return Err(mismatch(&format!("{m:?}"))),
+    };
+    Ok(Model {
+        net,
+        shape: shape.clone(),
+    })
+}

@@ -1,0 +1,434 @@
+//! The training loop: rendezvous, initial sync, per-step plan agreement,
+//! heterogeneous batches with exact gradient maths, evaluation, checkpoints,
+//! and a clean stop on SIGTERM.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use heterotrain_crds::BatchPlan;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::c10d::{self, ProcessGroup, RendezvousConfig};
+use crate::checkpoint::{self, Snapshot};
+use crate::cli::{BackendKind, DeviceArg, ResumeMode, TrainConfig};
+use crate::control;
+use crate::data::{self, Dataset};
+use crate::error::{Result, TrainerError};
+use crate::grad_sync::{self, GradBuckets};
+use crate::log::{EvalRecord, JsonlLog, StepRecord, StepTimings};
+use crate::models::{self, Model};
+use crate::optim::{self, Optimizer};
+use crate::plan_source::{FilePlanSource, NoPlanSource, PlanGate, PlanSource};
+use crate::sampler::{steps_per_epoch, HeteroSampler, SamplerPosition};
+
+/// What a finished run reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub steps: u64,
+    pub stopped_by_signal: bool,
+    pub last_eval_accuracy: Option<f64>,
+}
+
+fn pick_device(cfg: &TrainConfig) -> Result<Device> {
+    match cfg.device {
+        DeviceArg::Cpu => Ok(Device::Cpu),
+        DeviceArg::Cuda => {
+            if !tch::Cuda::is_available() {
+                return Err(TrainerError::Config(
+                    "--device cuda but no CUDA device is available to libtorch".into(),
+                ));
+            }
+            let n = tch::Cuda::device_count() as usize;
+            Ok(Device::Cuda(cfg.local_rank % n.max(1)))
+        }
+    }
+}
+
+fn sync_device(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// Join the group (none for a single process) and pick NCCL when allowed.
+fn join(cfg: &TrainConfig, device: Device) -> Result<Option<ProcessGroup>> {
+    if cfg.world_size == 1 {
+        return Ok(None);
+    }
+    c10d::quiet_c10_logging();
+    let mut pg = ProcessGroup::join(&RendezvousConfig {
+        master_addr: cfg.master_addr.clone(),
+        master_port: cfg.master_port,
+        rank: cfg.rank,
+        world_size: cfg.world_size,
+        rendezvous_timeout: Duration::from_secs(cfg.rendezvous_timeout_secs),
+        collective_timeout: Duration::from_secs(cfg.collective_timeout_secs),
+        bind_host: cfg.bind_addr.clone(),
+        iface: cfg.gloo_socket_ifname.clone(),
+    })?;
+    // Agree on NCCL: only when every rank is CUDA and wants it.
+    let wants = device.is_cuda()
+        && cfg.backend != BackendKind::Gloo
+        && cfg!(feature = "nccl");
+    let mut t = Tensor::from_slice(&[i64::from(wants)]);
+    pg.all_reduce_sum(&mut t)?;
+    let all = t.int64_value(&[0]) == cfg.world_size as i64;
+    if all {
+        pg.enable_nccl()?;
+    } else if cfg.backend == BackendKind::Nccl && cfg.rank == 0 {
+        eprintln!(
+            "warning: --backend nccl needs every rank on CUDA with an nccl build; using Gloo (CUDA tensors staged through host memory)"
+        );
+    }
+    Ok(Some(pg))
+}
+
+/// All variables (trainable and buffers) sorted by name, and the trainable ones.
+fn named_vars(vs: &VarStore) -> (Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+    let mut all: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let trainable = all
+        .iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    (all, trainable)
+}
+
+fn broadcast_all(pg: Option<&ProcessGroup>, tensors: &[(String, Tensor)]) -> Result<()> {
+    let Some(pg) = pg else { return Ok(()) };
+    let _guard = tch::no_grad_guard();
+    for (_, t) in tensors {
+        let mut t = t.shallow_clone();
+        if t.is_contiguous() {
+            pg.broadcast(&mut t, 0)?;
+        } else {
+            let mut c = t.contiguous();
+            pg.broadcast(&mut c, 0)?;
+            t.copy_(&c);
+        }
+    }
+    Ok(())
+}
+
+fn initial_plan(cfg: &TrainConfig) -> Result<(BatchPlan, Box<dyn PlanSource>)> {
+    let ws = cfg.world_size;
+    match &cfg.plan_file {
+        None => Ok((BatchPlan::equal(0, cfg.batch_size, ws), Box::new(NoPlanSource))),
+        Some(path) => {
+            let mut src = FilePlanSource::new(path.clone(), ws);
+            let plan = src.read_now().map_err(TrainerError::Config)?;
+            plan.validate_for(ws, cfg.batch_size).map_err(|e| {
+                TrainerError::Config(format!("plan file {}: {e}", path.display()))
+            })?;
+            Ok((plan, Box::new(src)))
+        }
+    }
+}
+
+/// Evaluate on the held-out split (each rank a shard, results all-reduced).
+fn evaluate(
+    cfg: &TrainConfig,
+    model: &Model,
+    data: &Dataset,
+    device: Device,
+    pg: Option<&ProcessGroup>,
+) -> Result<(f64, f64, f64)> {
+    let _guard = tch::no_grad_guard();
+    let n = data.eval_len();
+    let mine: Vec<usize> = (cfg.rank..n).step_by(cfg.world_size).collect();
+    let (mut correct, mut count, mut loss) = (0.0, 0.0, 0.0);
+    for chunk in mine.chunks(256) {
+        let (x, y) = data.eval_batch(chunk, device);
+        let logits = model.forward(&x, false);
+        let (c, k, l) = model.score(&logits, &y);
+        correct += c;
+        count += k;
+        loss += l;
+    }
+    let mut t = Tensor::from_slice(&[correct, count, loss]);
+    if let Some(pg) = pg {
+        pg.all_reduce_sum(&mut t)?;
+    }
+    let v = Vec::<f64>::try_from(&t).unwrap_or_default();
+    let (c, k, l) = (v[0], v[1].max(1.0), v[2]);
+    Ok((c / k, l / k, v[1]))
+}
+
+/// Run training with `cfg` until done or stopped; `stop` is set by SIGTERM.
+pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
+    cfg.validate().map_err(TrainerError::Config)?;
+    if cfg.threads > 0 {
+        tch::set_num_threads(cfg.threads as i32);
+        tch::set_num_interop_threads(1);
+    }
+    if cfg.deterministic {
+        c10d::set_deterministic(true);
+    }
+    let device = pick_device(cfg)?;
+    let (mut plan, mut source) = initial_plan(cfg)?;
+    let data = data::load(cfg)?;
+    let spe = steps_per_epoch(data.train_len(), cfg.batch_size);
+    let total = cfg.max_steps.unwrap_or(u64::MAX).min(cfg.epochs.saturating_mul(spe));
+
+    tch::manual_seed(cfg.seed as i64);
+    let vs = VarStore::new(device);
+    let model = models::build(&vs.root(), cfg, &data.shape)?;
+    let (all_vars, trainable) = named_vars(&vs);
+    let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
+    let mut opt = Optimizer::new(cfg, &trainable);
+
+    let pg = join(cfg, device)?;
+    let pg = pg.as_ref();
+    let rank = cfg.rank;
+    let mut log = JsonlLog::open(&cfg.output_dir, rank)?;
+
+    // Resume: rank 0 finds and loads the checkpoint, then everything below
+    // is broadcast, so ranks need no shared filesystem.
+    let mut pos = SamplerPosition { epoch: 0, step_in_epoch: 0 };
+    let mut step = 0u64;
+    let mut meta = vec![0i64; 5];
+    if rank == 0 && cfg.resume == ResumeMode::Auto {
+        if let Some(dir) = &cfg.checkpoint_dir {
+            if let Some(m) = checkpoint::newest_valid(dir) {
+                checkpoint::load_into(dir, &m.weights, &all_vars)?;
+                checkpoint::load_into(dir, &m.optimizer, &opt.state(&trainable))?;
+                eprintln!("rank 0: resuming from checkpoint at step {}", m.step);
+                meta = vec![
+                    1,
+                    m.step as i64,
+                    m.position.epoch as i64,
+                    m.position.step_in_epoch as i64,
+                    m.optimizer_steps as i64,
+                ];
+                if m.plan.validate_for(cfg.world_size, cfg.batch_size).is_ok()
+                    && m.plan.generation > plan.generation
+                {
+                    plan = m.plan.clone();
+                }
+            }
+        }
+    }
+    if let Some(pg) = pg {
+        let mut t = Tensor::from_slice(&meta);
+        pg.broadcast(&mut t, 0)?;
+        meta = Vec::<i64>::try_from(&t).unwrap_or(meta);
+    }
+    broadcast_all(pg, &all_vars)?;
+    if meta[0] == 1 {
+        broadcast_all(pg, &opt.state(&trainable))?;
+        step = meta[1] as u64;
+        pos = SamplerPosition {
+            epoch: meta[2] as u64,
+            step_in_epoch: meta[3] as u64,
+        };
+        opt.steps = meta[4] as u64;
+    }
+
+    let buckets = GradBuckets::new(&params, cfg.bucket_mib.max(1) << 20);
+    let mut sampler = HeteroSampler::new(data.train_len(), cfg.seed, !cfg.no_shuffle);
+    let mut gate = PlanGate::default();
+    let mut last_acc = None;
+    let mut stopped = false;
+    let model_name = serde_json::to_value(cfg.model)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+
+    let save = |step: u64, pos: SamplerPosition, plan: &BatchPlan, opt: &Optimizer| -> Result<()> {
+        if rank != 0 {
+            return Ok(());
+        }
+        let Some(dir) = &cfg.checkpoint_dir else { return Ok(()) };
+        checkpoint::save(
+            dir,
+            &Snapshot {
+                step,
+                position: pos,
+                seed: cfg.seed,
+                shuffle: !cfg.no_shuffle,
+                optimizer_steps: opt.steps,
+                plan,
+                model: &model_name,
+                weights: &all_vars,
+                optimizer: &opt.state(&trainable),
+            },
+        )?;
+        Ok(())
+    };
+
+    while step < total {
+        // Step boundary: rank 0 considers proposals; everyone agrees.
+        let mut proposed = plan.clone();
+        if rank == 0 {
+            if let Some(p) = source.poll() {
+                if let Some(p) = gate.consider(p, &plan, cfg.world_size) {
+                    proposed = p;
+                }
+            }
+        }
+        let agreed = control::agree(pg, rank, &proposed, stop.load(Ordering::SeqCst))?;
+        if agreed.stop {
+            stopped = true;
+            break;
+        }
+        if agreed.plan.generation != plan.generation {
+            agreed
+                .plan
+                .validate_for(cfg.world_size, cfg.batch_size)
+                .map_err(|e| TrainerError::Config(format!("agreed plan is invalid: {e}")))?;
+            if rank == 0 {
+                eprintln!(
+                    "rank 0: step {}: switching to plan generation {} {:?}",
+                    step + 1,
+                    agreed.plan.generation,
+                    agreed.plan.batch_sizes
+                );
+            }
+            plan = agreed.plan;
+        }
+
+        let b_local = plan.batch_sizes[rank];
+        let b_global = plan.global_batch_size;
+        let scale = f64::from(b_local) / f64::from(b_global);
+        let mut tm = StepTimings::default();
+        let t0 = Instant::now();
+
+        let idx = sampler.rank_indices(pos, &plan, rank);
+        let (x, y) = data.train_batch(&idx, device);
+        sync_device(device);
+        let t1 = Instant::now();
+        tm.data_seconds = (t1 - t0).as_secs_f64();
+
+        let logits = model.forward(&x, true);
+        let loss = model.loss(&logits, &y);
+        sync_device(device);
+        let t2 = Instant::now();
+        tm.forward_seconds = (t2 - t1).as_secs_f64();
+
+        for p in &params {
+            let mut p = p.shallow_clone();
+            p.zero_grad();
+        }
+        loss.backward();
+        let local_loss = loss.double_value(&[]);
+        sync_device(device);
+        let t3 = Instant::now();
+        tm.backward_seconds = (t3 - t2).as_secs_f64();
+
+        let global_loss = if pg.is_some() {
+            let sums = buckets.all_reduce(pg, &params, scale, &[local_loss * scale])?;
+            sums.first().copied().unwrap_or(f64::NAN)
+        } else {
+            grad_sync::scale_grads(&params, scale);
+            local_loss
+        };
+        sync_device(device);
+        let t4 = Instant::now();
+        tm.allreduce_seconds = (t4 - t3).as_secs_f64();
+
+        let lr = optim::lr_at(cfg, step + 1, total);
+        opt.step(&trainable, lr);
+        sync_device(device);
+        tm.optimizer_seconds = t4.elapsed().as_secs_f64();
+
+        step += 1;
+        let step_s = t0.elapsed().as_secs_f64();
+        log.write(&StepRecord {
+            event: "step",
+            rank,
+            step,
+            epoch: pos.epoch,
+            generation: plan.generation,
+            batch_size: b_local,
+            global_batch_size: b_global,
+            loss: local_loss,
+            global_loss,
+            lr,
+            timings: tm,
+            compute_seconds: tm.compute_seconds(),
+            step_seconds: step_s,
+            samples_per_second: f64::from(b_global) / step_s.max(1e-12),
+            invalid_plans: gate.invalid_plans,
+        });
+        if !global_loss.is_finite() {
+            return Err(TrainerError::Data(format!(
+                "loss became {global_loss} at step {step}; lower --lr"
+            )));
+        }
+
+        pos.step_in_epoch += 1;
+        let epoch_end = pos.step_in_epoch >= spe;
+        if epoch_end || step == total {
+            if data.eval_len() > 0 {
+                // BatchNorm buffers may differ per rank; use rank 0's.
+                let buffers: Vec<(String, Tensor)> = all_vars
+                    .iter()
+                    .filter(|(_, t)| !t.requires_grad())
+                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                    .collect();
+                broadcast_all(pg, &buffers)?;
+                let (acc, eval_loss, n) = evaluate(cfg, &model, &data, device, pg)?;
+                last_acc = Some(acc);
+                log.write(&EvalRecord {
+                    event: "eval",
+                    rank,
+                    step,
+                    epoch: pos.epoch,
+                    eval_loss,
+                    eval_accuracy: acc,
+                    eval_samples: n as u64,
+                });
+                if rank == 0 {
+                    eprintln!(
+                        "rank 0: epoch {} step {step}: eval accuracy {:.4}, loss {:.4}",
+                        pos.epoch, acc, eval_loss
+                    );
+                }
+            }
+        }
+        if epoch_end {
+            pos = SamplerPosition {
+                epoch: pos.epoch + 1,
+                step_in_epoch: 0,
+            };
+        }
+        if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < total {
+            save(step, pos, &plan, &opt)?;
+        }
+        if cfg.step_sleep_ms > 0 {
+            std::thread::sleep(Duration::from_millis(cfg.step_sleep_ms));
+        }
+    }
+
+    save(step, pos, &plan, &opt)?;
+    if rank == 0 {
+        write_weights(&cfg.output_dir.join("model.safetensors"), &all_vars)?;
+    }
+    if let Some(pg) = pg {
+        pg.barrier()?;
+    }
+    let _ = Kind::Float;
+    Ok(RunSummary {
+        steps: step,
+        stopped_by_signal: stopped,
+        last_eval_accuracy: last_acc,
+    })
+}
+
+/// Final weights as safetensors (names = VarStore paths), written atomically.
+fn write_weights(path: &Path, vars: &[(String, Tensor)]) -> Result<()> {
+    let tmp = path.with_extension("safetensors.tmp");
+    let cpu: Vec<(String, Tensor)> = vars
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_device(Device::Cpu).contiguous()))
+        .collect();
+    Tensor::write_safetensors(&cpu, &tmp)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TrainerError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainerError::io(path, e))
+}
