@@ -9,7 +9,16 @@ fn libtorch_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("LIBTORCH") {
         return PathBuf::from(dir);
     }
-    let python = std::env::var("HETEROTRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let venv = std::env::var("HOME")
+        .map(|h| format!("{h}/.cache/heterotrain/venv/bin/python"))
+        .unwrap_or_default();
+    let python = std::env::var("HETEROTRAIN_PYTHON").unwrap_or_else(|_| {
+        if std::path::Path::new(&venv).exists() {
+            venv
+        } else {
+            "python3".into()
+        }
+    });
     let out = Command::new(&python)
         .args([
             "-c",

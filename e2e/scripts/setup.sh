@@ -23,7 +23,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # 1. Debian packages ---------------------------------------------------------
-APT_PKGS=(etcd-server golang-go rsync libgloo-dev prometheus openssl unzip iproute2 curl ca-certificates)
+APT_PKGS=(etcd-server golang-go golang-github-modern-go-reflect2-dev rsync libgloo-dev prometheus openssl unzip iproute2 curl ca-certificates)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -69,8 +69,11 @@ fi
 
 # 4. Kubernetes control-plane binaries from Debian's source package ----------
 KBIN=(kube-apiserver kube-scheduler kube-controller-manager)
+# Bump when the way the binaries are built changes, to force a rebuild.
+K8S_BUILD_ID="1.20.2+reflect2-1.0.2"
 need_k8s=0
 for b in "${KBIN[@]}"; do [ -x "$CACHE/bin/$b" ] || need_k8s=1; done
+[ "$(cat "$CACHE/bin/.k8s-build-id" 2>/dev/null)" = "$K8S_BUILD_ID" ] || need_k8s=1
 if [ $need_k8s = 1 ]; then
   SRC="$CACHE/k8s-src"
   mkdir -p "$SRC"
@@ -96,6 +99,14 @@ SRCS
     tar xzf "$(ls "$SRC"/kubernetes_*.orig.tar.gz | head -n1)" -C "$TREE" --strip-components=1 >>"$LOG" 2>&1 \
       || fail "unpacking kubernetes source"
   fi
+  # Kubernetes 1.20 vendors modern-go/reflect2 1.0.1, whose map iteration
+  # crashes the API server ("fatal error: fault" in aeshashbody) when built
+  # with Go >= 1.18, as soon as a custom resource is decoded. Debian ships the
+  # fixed 1.0.2; use its source in the vendor tree.
+  R2=/usr/share/gocode/src/github.com/modern-go/reflect2
+  [ -f "$R2/reflect2.go" ] || fail "reflect2 1.0.2 sources missing at $R2 (apt package golang-github-modern-go-reflect2-dev)"
+  rsync -a --delete --delete-excluded --exclude '*_test.go' --exclude 'go.mod' --exclude 'go.sum' --exclude '.*' "$R2/" "$TREE/vendor/github.com/modern-go/reflect2/" >>"$LOG" 2>&1 \
+    || fail "patching vendored reflect2"
   step "building ${KBIN[*]} from source (first time: ~6 min on 2 cores)"
   mkdir -p "$TREE/.go/src/k8s.io" "$CACHE/gohome"
   [ -e "$TREE/.go/src/k8s.io/kubernetes" ] || ln -s ../../.. "$TREE/.go/src/k8s.io/kubernetes"
@@ -107,7 +118,7 @@ SRCS
     [ -n "$f" ] || fail "locating built $b"
     install -m 0755 "$f" "$CACHE/bin/$b"
   done
-  rm -rf "$TREE/_output/local/go/cache" 2>/dev/null || true
+  echo "$K8S_BUILD_ID" > "$CACHE/bin/.k8s-build-id"
 else
   step "kube-apiserver, kube-scheduler, kube-controller-manager present"
 fi

@@ -4,7 +4,9 @@
 //! machine.
 
 pub mod cluster;
+pub mod crd;
 pub mod keeper;
+pub mod nodesim;
 pub mod paths;
 pub mod pki;
 pub mod ports;

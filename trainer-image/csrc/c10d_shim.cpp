@@ -125,22 +125,40 @@ int ht_pg_create(const char* master_addr, int master_port, int rank, int world,
     // until the deadline, so a missing rank can be named.
     store->set("ht/arrived/" + std::to_string(rank), std::vector<uint8_t>{1});
     std::vector<int> missing;
-    while (true) {
-      missing.clear();
-      for (int q = 0; q < world; ++q) {
-        if (!store->check({"ht/arrived/" + std::to_string(q)})) missing.push_back(q);
+    auto describe = [&](const std::vector<int>& m) {
+      std::string names;
+      for (size_t i = 0; i < m.size(); ++i) {
+        names += (i ? ", " : "") + std::to_string(m[i]);
       }
-      if (missing.empty()) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::string names;
-        for (size_t i = 0; i < missing.size(); ++i) {
-          names += (i ? ", " : "") + std::to_string(missing[i]);
+      return std::string(m.size() == 1 ? "rank " : "ranks ") + names +
+             " did not join the rendezvous at " + master_addr + ":" +
+             std::to_string(master_port) + " within " +
+             std::to_string(rendezvous_timeout_ms / 1000.0).substr(0, 6) + " s";
+    };
+    while (true) {
+      std::vector<int> now;
+      bool aborted = false;
+      try {
+        for (int q = 0; q < world; ++q) {
+          if (!store->check({"ht/arrived/" + std::to_string(q)})) now.push_back(q);
         }
-        throw std::runtime_error(
-            std::string(missing.size() == 1 ? "rank " : "ranks ") + names +
-            " did not join the rendezvous at " + master_addr + ":" +
-            std::to_string(master_port) + " within " +
-            std::to_string(rendezvous_timeout_ms / 1000.0).substr(0, 6) + " s");
+        aborted = rank != 0 && store->check({"ht/abort"});
+      } catch (const std::exception&) {
+        // Rank 0's store went away: it gave up waiting for the same ranks.
+        throw std::runtime_error(describe(missing.empty() ? now : missing));
+      }
+      missing = now;
+      if (missing.empty()) break;
+      if (aborted || std::chrono::steady_clock::now() >= deadline) {
+        if (rank == 0) {
+          // Tell the ranks that did arrive, and give them a moment to read it.
+          try {
+            store->set("ht/abort", std::vector<uint8_t>{1});
+          } catch (...) {
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        throw std::runtime_error(describe(missing));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

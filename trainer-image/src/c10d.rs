@@ -203,7 +203,9 @@ impl ProcessGroup {
     pub fn enable_nccl(&mut self) -> Result<()> {
         let h = self.handle;
         // SAFETY: h is live.
-        self.call("enable_nccl", |err| unsafe { ht_pg_enable_nccl(h, err, ERR_LEN) })?;
+        self.call("enable_nccl", |err| unsafe {
+            ht_pg_enable_nccl(h, err, ERR_LEN)
+        })?;
         // SAFETY: h is live.
         self.nccl = unsafe { ht_pg_has_nccl(h) } != 0;
         Ok(())
@@ -257,7 +259,9 @@ impl ProcessGroup {
         let h = self.handle;
         let p = t.as_mut_ptr() as *mut c_void;
         // SAFETY: p is a live at::Tensor*, h a live group.
-        self.call("all_reduce", |err| unsafe { ht_pg_allreduce_sum(h, p, err, ERR_LEN) })
+        self.call("all_reduce", |err| unsafe {
+            ht_pg_allreduce_sum(h, p, err, ERR_LEN)
+        })
     }
 
     /// Start an in-place SUM all-reduce of a CPU (or NCCL-able) tensor; the

@@ -123,8 +123,8 @@ pub fn save(dir: &Path, s: &Snapshot<'_>) -> Result<PathBuf> {
         weights,
         optimizer,
     };
-    let text = serde_json::to_string_pretty(&m)
-        .map_err(|e| TrainerError::Checkpoint(e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(&m).map_err(|e| TrainerError::Checkpoint(e.to_string()))?;
     let tmp = dir.join(format!(".{st}.json.tmp"));
     let dst = dir.join(format!("{st}.json"));
     {
@@ -148,7 +148,11 @@ fn manifests(dir: &Path) -> Vec<(u64, PathBuf)> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let step = name.strip_prefix("ckpt-")?.strip_suffix(".json")?.parse().ok()?;
+            let step = name
+                .strip_prefix("ckpt-")?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()?;
             Some((step, e.path()))
         })
         .collect();
@@ -232,11 +236,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plan = BatchPlan::equal(0, 8, 2);
         let w = vec![("fc.weight".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))];
-        let o = vec![("momentum.fc.weight".to_string(), Tensor::from_slice(&[0.5f32, 0.5]))];
+        let o = vec![(
+            "momentum.fc.weight".to_string(),
+            Tensor::from_slice(&[0.5f32, 0.5]),
+        )];
         for step in [5, 10, 15, 20] {
             let s = Snapshot {
                 step,
-                position: SamplerPosition { epoch: 0, step_in_epoch: step },
+                position: SamplerPosition {
+                    epoch: 0,
+                    step_in_epoch: step,
+                },
                 seed: 1,
                 shuffle: true,
                 optimizer_steps: step,
@@ -251,11 +261,17 @@ mod tests {
         assert_eq!(newest_valid(dir.path()).unwrap().step, 20);
         let newest = dir.path().join("ckpt-0000000020.model.safetensors");
         let len = std::fs::metadata(&newest).unwrap().len();
-        let f = std::fs::OpenOptions::new().write(true).open(&newest).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&newest)
+            .unwrap();
         f.set_len(len / 2).unwrap();
         let m = newest_valid(dir.path()).unwrap();
         assert_eq!(m.step, 15);
-        let target = vec![("fc.weight".to_string(), Tensor::zeros([2], tch::kind::FLOAT_CPU))];
+        let target = vec![(
+            "fc.weight".to_string(),
+            Tensor::zeros([2], tch::kind::FLOAT_CPU),
+        )];
         load_into(dir.path(), &m.weights, &target).unwrap();
         assert_eq!(target[0].1.double_value(&[1]), 2.0);
     }

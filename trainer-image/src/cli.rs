@@ -114,7 +114,12 @@ pub struct TrainConfig {
     pub vocab: i64,
 
     /// Dataset.
-    #[arg(long, value_enum, default_value = "synthetic_image", env = "HT_DATASET")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "synthetic_image",
+        env = "HT_DATASET"
+    )]
     pub dataset: DatasetKind,
     /// Directory with the dataset files (cifar10: data_batch_*.bin, test_batch.bin;
     /// mnist: train-images-idx3-ubyte etc., optionally .gz-free).
@@ -128,7 +133,12 @@ pub struct TrainConfig {
     pub eval_fraction: f64,
 
     /// Global batch size B (sum of all ranks' local batches).
-    #[arg(long, alias = "global-batch-size", default_value_t = 64, env = "HT_BATCH_SIZE")]
+    #[arg(
+        long,
+        alias = "global-batch-size",
+        default_value_t = 64,
+        env = "HT_BATCH_SIZE"
+    )]
     pub batch_size: u32,
     /// Epochs to train (an epoch = floor(N/B) steps).
     #[arg(long, default_value_t = 1)]

@@ -40,7 +40,8 @@ impl GradBuckets {
     }
 
     /// Scale every gradient by `scale`, SUM-all-reduce them (and `extra`,
-    /// appended to the last bucket), write them back; returns summed `extra`.
+    /// appended unscaled to the last bucket), write them back; returns the
+    /// summed `extra`.
     pub fn all_reduce(
         &self,
         pg: Option<&ProcessGroup>,
@@ -69,7 +70,8 @@ impl GradBuckets {
             if bi + 1 == self.buckets.len() && !extra.is_empty() {
                 let dev = parts.first().map(|t| t.device()).unwrap_or(Device::Cpu);
                 let kind = parts.first().map(|t| t.kind()).unwrap_or(Kind::Float);
-                parts.push(Tensor::from_slice(extra).to_kind(kind).to_device(dev));
+                let e: Vec<f64> = extra.iter().map(|v| v / scale).collect();
+                parts.push(Tensor::from_slice(&e).to_kind(kind).to_device(dev));
             }
             let mut flat = Tensor::cat(&parts, 0);
             if scale != 1.0 {
@@ -100,7 +102,9 @@ impl GradBuckets {
                 off += n;
             }
             if bi + 1 == self.buckets.len() && !extra.is_empty() {
-                let tail = flat.narrow(0, off, extra.len() as i64).to_kind(Kind::Double);
+                let tail = flat
+                    .narrow(0, off, extra.len() as i64)
+                    .to_kind(Kind::Double);
                 out = Vec::<f64>::try_from(&tail).unwrap_or_default();
             }
         }

@@ -41,7 +41,12 @@ pub struct Optimizer {
 
 impl Optimizer {
     pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)]) -> Self {
-        let zeros = || params.iter().map(|(_, p)| p.zeros_like()).collect::<Vec<_>>();
+        let zeros = || {
+            params
+                .iter()
+                .map(|(_, p)| p.zeros_like())
+                .collect::<Vec<_>>()
+        };
         let adam = cfg.optimizer == OptimizerKind::Adamw;
         Optimizer {
             kind: cfg.optimizer,
@@ -84,7 +89,8 @@ impl Optimizer {
                 let t = self.steps as i32;
                 let bc1 = 1.0 - self.beta1.powi(t);
                 let bc2 = 1.0 - self.beta2.powi(t);
-                for (((_, p), m), v) in params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut()) {
+                for (((_, p), m), v) in params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut())
+                {
                     let g = p.grad();
                     if !g.defined() {
                         continue;
@@ -93,7 +99,9 @@ impl Optimizer {
                     if self.weight_decay != 0.0 {
                         let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
                     }
-                    let _ = m.g_mul_scalar_(self.beta1).g_add_(&(&g * (1.0 - self.beta1)));
+                    let _ = m
+                        .g_mul_scalar_(self.beta1)
+                        .g_add_(&(&g * (1.0 - self.beta1)));
                     let _ = v
                         .g_mul_scalar_(self.beta2)
                         .g_add_(&(&g * &g * (1.0 - self.beta2)));
@@ -142,12 +150,28 @@ mod tests {
 
     #[test]
     fn schedules() {
-        let c = cfg(&["--lr", "1.0", "--warmup-steps", "10", "--schedule", "cosine"]);
+        let c = cfg(&[
+            "--lr",
+            "1.0",
+            "--warmup-steps",
+            "10",
+            "--schedule",
+            "cosine",
+        ]);
         assert!((lr_at(&c, 5, 110) - 0.5).abs() < 1e-12);
         assert!((lr_at(&c, 10, 110) - 1.0).abs() < 1e-12);
         assert!((lr_at(&c, 60, 110) - 0.5).abs() < 1e-12);
         assert!(lr_at(&c, 110, 110).abs() < 1e-12);
-        let s = cfg(&["--lr", "1.0", "--schedule", "step", "--step-size", "3", "--gamma", "0.5"]);
+        let s = cfg(&[
+            "--lr",
+            "1.0",
+            "--schedule",
+            "step",
+            "--step-size",
+            "3",
+            "--gamma",
+            "0.5",
+        ]);
         assert_eq!(lr_at(&s, 2, 100), 1.0);
         assert_eq!(lr_at(&s, 7, 100), 0.25);
     }
@@ -171,7 +195,11 @@ mod tests {
         let w1 = w0 - 0.1 * g1;
         let buf2 = 0.9 * g1 + 2.1 * w1;
         let w2 = w1 - 0.1 * buf2;
-        assert!((p.double_value(&[0]) - w2).abs() < 1e-6, "{}", p.double_value(&[0]));
+        assert!(
+            (p.double_value(&[0]) - w2).abs() < 1e-6,
+            "{}",
+            p.double_value(&[0])
+        );
         assert_eq!(o.state(&params)[0].0, "momentum.w");
     }
 

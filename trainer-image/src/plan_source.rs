@@ -97,7 +97,10 @@ impl PlanGate {
         world_size: usize,
     ) -> Option<BatchPlan> {
         let refuse = |gate: &mut PlanGate, why: String| {
-            eprintln!("warning: ignoring proposed plan, keeping generation {}: {why}", current.generation);
+            eprintln!(
+                "warning: ignoring proposed plan, keeping generation {}: {why}",
+                current.generation
+            );
             gate.invalid_plans += 1;
             gate.last_error = Some(why);
             None
@@ -142,7 +145,10 @@ mod tests {
         assert!(g.consider(Ok(other_b), &cur, 3).is_none());
         assert_eq!(g.invalid_plans, 3);
         old.generation = 2;
-        assert_eq!(g.consider(Ok(old), &cur, 3).unwrap().batch_sizes, vec![30, 1, 1]);
+        assert_eq!(
+            g.consider(Ok(old), &cur, 3).unwrap().batch_sizes,
+            vec![30, 1, 1]
+        );
     }
 
     #[test]

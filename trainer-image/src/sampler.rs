@@ -57,7 +57,8 @@ pub struct SamplerPosition {
 pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: bool) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..n).collect();
     if shuffle {
-        let mut rng = SplitMix64::new(seed ^ 0x5EED_0000_0000_0000 ^ epoch.wrapping_mul(0x1000_0001));
+        let mut rng =
+            SplitMix64::new(seed ^ 0x5EED_0000_0000_0000 ^ epoch.wrapping_mul(0x1000_0001));
         for i in (1..n).rev() {
             let j = rng.below(i as u64 + 1) as usize;
             idx.swap(i, j);
@@ -109,7 +110,12 @@ impl HeteroSampler {
     }
 
     /// Rank `rank`'s slice of step `pos` under `plan`.
-    pub fn rank_indices(&mut self, pos: SamplerPosition, plan: &BatchPlan, rank: usize) -> Vec<usize> {
+    pub fn rank_indices(
+        &mut self,
+        pos: SamplerPosition,
+        plan: &BatchPlan,
+        rank: usize,
+    ) -> Vec<usize> {
         let off = plan.offset_of(rank);
         let len = plan.batch_sizes[rank] as usize;
         self.global_indices(pos, plan.global_batch_size)[off..off + len].to_vec()
@@ -130,7 +136,10 @@ mod tests {
     fn slices_partition_the_global_batch() {
         let p = plan(&[20, 9, 3]);
         let mut s = HeteroSampler::new(100, 7, true);
-        let pos = SamplerPosition { epoch: 2, step_in_epoch: 1 };
+        let pos = SamplerPosition {
+            epoch: 2,
+            step_in_epoch: 1,
+        };
         let all: Vec<usize> = (0..3).flat_map(|r| s.rank_indices(pos, &p, r)).collect();
         assert_eq!(all.len(), 32);
         assert_eq!(all, s.global_indices(pos, 32).to_vec());
@@ -157,7 +166,10 @@ mod tests {
     fn no_shuffle_takes_samples_in_order() {
         let p = plan(&[2, 1]);
         let mut s = HeteroSampler::new(10, 0, false);
-        let pos = SamplerPosition { epoch: 0, step_in_epoch: 2 };
+        let pos = SamplerPosition {
+            epoch: 0,
+            step_in_epoch: 2,
+        };
         assert_eq!(s.rank_indices(pos, &p, 0), vec![6, 7]);
         assert_eq!(s.rank_indices(pos, &p, 1), vec![8]);
         assert_eq!(steps_per_epoch(10, 3), 3);

@@ -70,9 +70,7 @@ fn join(cfg: &TrainConfig, device: Device) -> Result<Option<ProcessGroup>> {
         iface: cfg.gloo_socket_ifname.clone(),
     })?;
     // Agree on NCCL: only when every rank is CUDA and wants it.
-    let wants = device.is_cuda()
-        && cfg.backend != BackendKind::Gloo
-        && cfg!(feature = "nccl");
+    let wants = device.is_cuda() && cfg.backend != BackendKind::Gloo && cfg!(feature = "nccl");
     let mut t = Tensor::from_slice(&[i64::from(wants)]);
     pg.all_reduce_sum(&mut t)?;
     let all = t.int64_value(&[0]) == cfg.world_size as i64;
@@ -117,13 +115,15 @@ fn broadcast_all(pg: Option<&ProcessGroup>, tensors: &[(String, Tensor)]) -> Res
 fn initial_plan(cfg: &TrainConfig) -> Result<(BatchPlan, Box<dyn PlanSource>)> {
     let ws = cfg.world_size;
     match &cfg.plan_file {
-        None => Ok((BatchPlan::equal(0, cfg.batch_size, ws), Box::new(NoPlanSource))),
+        None => Ok((
+            BatchPlan::equal(0, cfg.batch_size, ws),
+            Box::new(NoPlanSource),
+        )),
         Some(path) => {
             let mut src = FilePlanSource::new(path.clone(), ws);
             let plan = src.read_now().map_err(TrainerError::Config)?;
-            plan.validate_for(ws, cfg.batch_size).map_err(|e| {
-                TrainerError::Config(format!("plan file {}: {e}", path.display()))
-            })?;
+            plan.validate_for(ws, cfg.batch_size)
+                .map_err(|e| TrainerError::Config(format!("plan file {}: {e}", path.display())))?;
             Ok((plan, Box::new(src)))
         }
     }
@@ -172,7 +172,10 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let (mut plan, mut source) = initial_plan(cfg)?;
     let data = data::load(cfg)?;
     let spe = steps_per_epoch(data.train_len(), cfg.batch_size);
-    let total = cfg.max_steps.unwrap_or(u64::MAX).min(cfg.epochs.saturating_mul(spe));
+    let total = cfg
+        .max_steps
+        .unwrap_or(u64::MAX)
+        .min(cfg.epochs.saturating_mul(spe));
 
     tch::manual_seed(cfg.seed as i64);
     let vs = VarStore::new(device);
@@ -188,7 +191,10 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
 
     // Resume: rank 0 finds and loads the checkpoint, then everything below
     // is broadcast, so ranks need no shared filesystem.
-    let mut pos = SamplerPosition { epoch: 0, step_in_epoch: 0 };
+    let mut pos = SamplerPosition {
+        epoch: 0,
+        step_in_epoch: 0,
+    };
     let mut step = 0u64;
     let mut meta = vec![0i64; 5];
     if rank == 0 && cfg.resume == ResumeMode::Auto {
@@ -242,7 +248,9 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         if rank != 0 {
             return Ok(());
         }
-        let Some(dir) = &cfg.checkpoint_dir else { return Ok(()) };
+        let Some(dir) = &cfg.checkpoint_dir else {
+            return Ok(());
+        };
         checkpoint::save(
             dir,
             &Snapshot {

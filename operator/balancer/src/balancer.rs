@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{fit_profile, valid_sample, PushOutcome};
-use crate::policy::{best_estimate, live_fixed, policy_models, seed_scores};
+use crate::policy::{best_estimate, live_fixed, policy_models, seed_models};
 use crate::rank::RankState;
 use crate::split::{max_step, optimal_split_bounded, round_to_sum};
 use crate::{balance_quality, BalancerConfig, BalancerError, Policy, Quality, StepModel};
@@ -56,7 +56,9 @@ impl Balancer {
     /// A balancer for `world_size` ranks. Errors when the config is invalid.
     pub fn new(config: BalancerConfig, world_size: usize) -> Result<Self, BalancerError> {
         config.validate()?;
-        let ranks = (0..world_size).map(|_| RankState::new(config.window)).collect();
+        let ranks = (0..world_size)
+            .map(|_| RankState::new(config.window))
+            .collect();
         Ok(Balancer { config, ranks })
     }
 
@@ -126,7 +128,6 @@ impl Balancer {
         batch: u32,
         compute_seconds: f64,
     ) -> Result<(), BalancerError> {
-        let policy = self.config.policy;
         let (factor, patience) = (self.config.straggler_factor, self.config.straggler_patience);
         let r = self.rank_mut(rank)?;
         if !valid_sample(batch, compute_seconds) {
@@ -135,9 +136,10 @@ impl Balancer {
                 reason: format!("batch {batch}, compute seconds {compute_seconds}"),
             });
         }
-        let fixed = live_fixed(policy, r);
+        let fixed = live_fixed(r);
         let reference = r.live.last_model().or(r.profile);
-        if r.live.push(batch, compute_seconds, reference, fixed, factor, patience)
+        if r.live
+            .push(batch, compute_seconds, reference, fixed, factor, patience)
             == PushOutcome::Refitted
         {
             r.refits_since_decision += 1;
@@ -211,7 +213,11 @@ impl Balancer {
         let mut lower = Vec::with_capacity(self.ranks.len());
         let mut upper = Vec::with_capacity(self.ranks.len());
         for r in &self.ranks {
-            let hi = r.cap.unwrap_or(global).min(c.max_local_batch.unwrap_or(global)).min(global);
+            let hi = r
+                .cap
+                .unwrap_or(global)
+                .min(c.max_local_batch.unwrap_or(global))
+                .min(global);
             lower.push(c.min_local_batch);
             upper.push(hi);
         }
@@ -236,7 +242,10 @@ impl Balancer {
     fn current_problem(&self, current: &[u32]) -> Option<String> {
         let n = self.ranks.len();
         if current.len() != n {
-            return Some(format!("current plan has {} entries for {n} ranks", current.len()));
+            return Some(format!(
+                "current plan has {} entries for {n} ranks",
+                current.len()
+            ));
         }
         let sum: u64 = current.iter().map(|&b| u64::from(b)).sum();
         if sum != u64::from(self.config.global_batch_size) {
@@ -285,33 +294,18 @@ impl Balancer {
         let pm = policy_models(cfg.policy, &mut self.ranks, cfg.prior_weight, cfg.window);
         // Predictions use the policy's models, except where the policy has
         // none of its own (static, seed formula): then the best estimate.
-        let predict_models: Vec<StepModel> = match cfg.policy {
-            Policy::Static | Policy::SeedFormula => {
-                let best = policy_models(Policy::Hybrid, &mut self.ranks, 0.0, cfg.window);
-                best.models
-            }
-            _ => pm.models.clone(),
-        };
-        let split_models: Vec<StepModel> = match cfg.policy {
-            Policy::SeedFormula => {
-                let scores = seed_scores(
-                    &self.ranks.iter().map(|r| r.compute_score.or(r.profile.map(|p| 1.0 / p.per_sample_seconds))).collect::<Vec<_>>(),
-                    &self.ranks.iter().map(|r| r.live.mean_seconds()).collect::<Vec<_>>(),
-                    &self.ranks.iter().map(|r| r.utilisation).collect::<Vec<_>>(),
-                );
-                scores
-                    .iter()
-                    .map(|s| StepModel {
-                        fixed_seconds: 0.0,
-                        per_sample_seconds: (1.0 / s).clamp(1e-300, 1e300),
-                    })
-                    .collect()
-            }
-            _ => pm.models.clone(),
-        };
+        let best = matches!(cfg.policy, Policy::Static | Policy::SeedFormula)
+            .then(|| policy_models(Policy::Hybrid, &mut self.ranks, 0.0, cfg.window).models);
+        let predict_models: &[StepModel] = best.as_deref().unwrap_or(&pm.models);
+        let seed = (cfg.policy == Policy::SeedFormula).then(|| seed_models(&self.ranks));
+        let split_models: &[StepModel] = seed.as_deref().unwrap_or(&pm.models);
 
-        let current_pred = cur.map_or(0.0, |c| max_step(&predict_models, c));
-        let no_data = pm.known == 0 && matches!(cfg.policy, Policy::Proportional | Policy::Dynamic | Policy::Hybrid);
+        let current_pred = cur.map_or(0.0, |c| max_step(predict_models, c));
+        let no_data = pm.known == 0
+            && matches!(
+                cfg.policy,
+                Policy::Proportional | Policy::Dynamic | Policy::Hybrid
+            );
         let mut out = Decision {
             plan: None,
             predicted_step_seconds: current_pred,
@@ -323,22 +317,38 @@ impl Balancer {
             stale_ranks: stale,
         };
         if no_data && cur.is_some() {
-            out.reason = format!("{}: no measurements yet; keeping the current plan", cfg.policy);
+            out.reason = format!(
+                "{}: no measurements yet; keeping the current plan",
+                cfg.policy
+            );
             return Ok(self.finish(out));
         }
 
-        let split = optimal_split_bounded(&split_models, cfg.global_batch_size, &lower, &upper)?;
+        let unknown = self.ranks.len() - pm.known;
+        let unknown_note = if unknown > 0 && cfg.policy != Policy::Static {
+            format!("; {unknown} rank(s) without data use the median model")
+        } else {
+            String::new()
+        };
+        let split = optimal_split_bounded(split_models, cfg.global_batch_size, &lower, &upper)?;
         let mut plan = split.batches;
-        let mut predicted = max_step(&predict_models, &plan);
+        let mut predicted = max_step(predict_models, &plan);
         out.predicted_step_seconds = predicted;
         let Some(cur) = cur else {
             out.reason = format!(
                 "{}: new plan because {}{}",
                 cfg.policy,
                 problem.unwrap_or_default(),
-                if no_data { " (no measurements yet: equal split)" } else { "" }
+                if no_data {
+                    " (no measurements yet: equal split)"
+                } else {
+                    ""
+                }
             );
             out.plan = Some(plan);
+            if !no_data {
+                out.reason.push_str(&unknown_note);
+            }
             return Ok(self.finish(out));
         };
         if plan == cur {
@@ -357,19 +367,24 @@ impl Balancer {
                 let _ = write!(reason, "static: back to the equal split");
             }
             Policy::SeedFormula => {
-                let _ = write!(reason, "seed-formula: re-scored (predicted gain {gain:.1}%)");
+                let _ = write!(
+                    reason,
+                    "seed-formula: re-scored (predicted gain {gain:.1}%)"
+                );
             }
             _ => {
-                if gain <= 0.0 || gain < f64::from(cfg.min_gain_percent) {
+                let margin = noise_margin_percent(pm.relative_error, self.ranks.len());
+                let threshold = f64::from(cfg.min_gain_percent) + margin;
+                if gain <= 0.0 || gain < threshold {
                     out.reason = format!(
-                        "{}: predicted gain {gain:.1}% is below minGainPercent {}%; keeping the current plan",
+                        "{}: predicted gain {gain:.1}% is below minGainPercent {}% + {margin:.1}% noise margin; keeping the current plan",
                         cfg.policy, cfg.min_gain_percent
                     );
                     return Ok(self.finish(out));
                 }
                 let _ = write!(
                     reason,
-                    "{}: predicted step {predicted:.4}s vs {current_pred:.4}s now (gain {gain:.1}% ≥ {}%)",
+                    "{}: predicted step {predicted:.4}s vs {current_pred:.4}s now (gain {gain:.1}% ≥ minGainPercent {}% + {margin:.1}% noise margin)",
                     cfg.policy, cfg.min_gain_percent
                 );
                 let alpha = pm
@@ -394,7 +409,7 @@ impl Balancer {
                             return Ok(self.finish(out));
                         }
                         plan = damped;
-                        predicted = max_step(&predict_models, &plan);
+                        predicted = max_step(predict_models, &plan);
                         let _ = write!(
                             reason,
                             "; damped to {:.0}% of the way (young measurements on {} rank(s))",
@@ -413,10 +428,7 @@ impl Balancer {
         };
         out.reason = reason;
         out.plan = Some(plan);
-        let unknown = self.ranks.len() - pm.known;
-        if unknown > 0 && cfg.policy != Policy::Static {
-            let _ = write!(out.reason, "; {unknown} rank(s) without data use the median model");
-        }
+        out.reason.push_str(&unknown_note);
         Ok(self.finish(out))
     }
 
@@ -426,7 +438,11 @@ impl Balancer {
             let _ = write!(d.reason, "; re-fitted fast: ranks {}", list(&d.stragglers));
         }
         if !d.stale_ranks.is_empty() {
-            let _ = write!(d.reason, "; not reporting, kept at their batch: ranks {}", list(&d.stale_ranks));
+            let _ = write!(
+                d.reason,
+                "; not reporting, kept at their batch: ranks {}",
+                list(&d.stale_ranks)
+            );
         }
         for r in &mut self.ranks {
             r.reported_since_decision = false;
@@ -436,9 +452,27 @@ impl Balancer {
     }
 }
 
+/// Part of a predicted gain that estimation noise alone would produce: the
+/// current plan's predicted maximum is inflated by the largest of `n` model
+/// errors, about `√(2 ln n)` standard errors, while the candidate's is not.
+fn noise_margin_percent(relative_error: f64, n: usize) -> f64 {
+    let n = n.max(2) as f64;
+    let m = 100.0 * (2.0 * n.ln()).sqrt() * relative_error;
+    if m.is_finite() {
+        m.max(0.0)
+    } else {
+        0.0
+    }
+}
+
 /// "1, 2, 3" (at most 8, then "+N more").
 fn list(ranks: &[usize]) -> String {
-    let mut s = ranks.iter().take(8).map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+    let mut s = ranks
+        .iter()
+        .take(8)
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     if ranks.len() > 8 {
         let _ = write!(s, " +{} more", ranks.len() - 8);
     }

@@ -123,19 +123,31 @@ impl BalancerConfig {
     pub fn validate(&self) -> Result<(), BalancerError> {
         let bad = |m: String| Err(BalancerError::InvalidConfig(m));
         if !(self.straggler_factor.is_finite() && self.straggler_factor > 1.0) {
-            return bad(format!("stragglerFactor must be > 1, got {}", self.straggler_factor));
+            return bad(format!(
+                "stragglerFactor must be > 1, got {}",
+                self.straggler_factor
+            ));
         }
         if self.window == 0 {
             return bad("window must be ≥ 1".into());
         }
         if !(self.prior_weight.is_finite() && self.prior_weight >= 0.0) {
-            return bad(format!("priorWeight must be ≥ 0, got {}", self.prior_weight));
+            return bad(format!(
+                "priorWeight must be ≥ 0, got {}",
+                self.prior_weight
+            ));
         }
         if !(self.min_damping > 0.0 && self.min_damping <= 1.0) {
-            return bad(format!("minDamping must be in (0, 1], got {}", self.min_damping));
+            return bad(format!(
+                "minDamping must be in (0, 1], got {}",
+                self.min_damping
+            ));
         }
         if self.min_gain_percent > 100 {
-            return bad(format!("minGainPercent must be ≤ 100, got {}", self.min_gain_percent));
+            return bad(format!(
+                "minGainPercent must be ≤ 100, got {}",
+                self.min_gain_percent
+            ));
         }
         if let Some(max) = self.max_local_batch {
             if max < self.min_local_batch {
@@ -161,14 +173,18 @@ mod tests {
             assert_eq!(json, format!("\"{p}\""));
         }
         assert_eq!("seed-formula".parse::<Policy>(), Ok(Policy::SeedFormula));
-        assert!(matches!("fastest".parse::<Policy>(), Err(BalancerError::UnknownPolicy(_))));
+        assert!(matches!(
+            "fastest".parse::<Policy>(),
+            Err(BalancerError::UnknownPolicy(_))
+        ));
     }
 
     #[test]
     fn config_is_camel_case_with_defaults() {
-        let c: BalancerConfig =
-            serde_json::from_str(r#"{"policy":"hybrid","globalBatchSize":512,"minGainPercent":10}"#)
-                .expect("parse");
+        let c: BalancerConfig = serde_json::from_str(
+            r#"{"policy":"hybrid","globalBatchSize":512,"minGainPercent":10}"#,
+        )
+        .expect("parse");
         assert_eq!(c.policy, Policy::Hybrid);
         assert_eq!(c.global_batch_size, 512);
         assert_eq!(c.min_gain_percent, 10);
@@ -192,7 +208,10 @@ mod tests {
             window: 0,
             ..Default::default()
         };
-        assert_eq!(c.validate().map_err(|e| e.metric_label()), Err("invalid_config"));
+        assert_eq!(
+            c.validate().map_err(|e| e.metric_label()),
+            Err("invalid_config")
+        );
         let c = BalancerConfig {
             min_local_batch: 8,
             max_local_batch: Some(4),

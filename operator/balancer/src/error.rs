@@ -78,7 +78,9 @@ pub enum BalancerError {
     #[error("invalid balancer config: {0}")]
     InvalidConfig(String),
     /// A policy name that is not one of the known policies.
-    #[error("unknown policy {0:?}; expected one of static, proportional, dynamic, hybrid, seed-formula")]
+    #[error(
+        "unknown policy {0:?}; expected one of static, proportional, dynamic, hybrid, seed-formula"
+    )]
     UnknownPolicy(String),
 }
 

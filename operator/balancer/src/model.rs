@@ -155,8 +155,16 @@ pub struct LiveModel {
     fast_refit: bool,
     fitted: Option<StepModel>,
     fitted_fixed: f64,
+    relative_error: f64,
     dirty: bool,
+    /// Reused buffer for the fit (no allocation per re-fit).
+    scratch: Vec<f64>,
 }
+
+/// Scale from the median absolute deviation to a normal standard deviation.
+const MAD_TO_SIGMA: f64 = 1.4826;
+/// Standard error of a sample median relative to that of a mean (normal data).
+const MEDIAN_EFFICIENCY: f64 = 1.2533;
 
 impl LiveModel {
     /// An empty estimator keeping `capacity` samples (at least 1).
@@ -169,8 +177,17 @@ impl LiveModel {
             fast_refit: false,
             fitted: None,
             fitted_fixed: 0.0,
+            relative_error: 0.0,
             dirty: false,
+            scratch: Vec::with_capacity(capacity.max(1)),
         }
+    }
+
+    /// Relative standard error of the last fitted per-sample time (robust:
+    /// from the median absolute deviation of the window); 0 with fewer than
+    /// 3 samples.
+    pub fn relative_error(&self) -> f64 {
+        self.relative_error
     }
 
     /// Samples currently in the window.
@@ -270,15 +287,28 @@ impl LiveModel {
         } else {
             0.0
         };
-        let mut rates: Vec<f64> = self
-            .samples
-            .iter()
-            .map(|(b, t)| ((t - fixed) / f64::from(*b)).max(MIN_PER_SAMPLE_SECONDS))
-            .collect();
-        self.fitted = median(&mut rates).map(|c| StepModel {
+        let rates = &mut self.scratch;
+        rates.clear();
+        rates.extend(
+            self.samples
+                .iter()
+                .map(|(b, t)| ((t - fixed) / f64::from(*b)).max(MIN_PER_SAMPLE_SECONDS)),
+        );
+        self.fitted = median(rates).map(|c| StepModel {
             fixed_seconds: fixed,
             per_sample_seconds: c,
         });
+        self.relative_error = match self.fitted {
+            Some(m) if rates.len() >= 3 => {
+                let c = m.per_sample_seconds;
+                for r in rates.iter_mut() {
+                    *r = (*r - c).abs();
+                }
+                let mad = median(rates).unwrap_or(0.0);
+                MAD_TO_SIGMA * MEDIAN_EFFICIENCY * mad / c / (rates.len() as f64).sqrt()
+            }
+            _ => 0.0,
+        };
         self.fitted_fixed = fixed;
         self.dirty = false;
     }
@@ -341,6 +371,21 @@ mod tests {
             assert_eq!(lm.push(10, 1.0, None, 0.0, 1.5, 3), PushOutcome::Off);
         }
         assert_eq!(lm.push(10, 1.0, None, 0.0, 1.5, 3), PushOutcome::Refitted);
+    }
+
+    #[test]
+    fn relative_error_tracks_noise() {
+        let mut quiet = LiveModel::new(20);
+        let mut noisy = LiveModel::new(20);
+        for i in 0..20 {
+            let wiggle = if i % 2 == 0 { 1.0 } else { -1.0 };
+            quiet.push(10, 1.0, None, 0.0, 1.5, 3);
+            noisy.push(10, 1.0 + 0.1 * wiggle, None, 0.0, 1.5, 3);
+        }
+        let _ = (quiet.model(0.0), noisy.model(0.0));
+        assert_eq!(quiet.relative_error(), 0.0);
+        // MAD 0.1 on a median of 1.0 (mean of 0.9 and 1.1): 1.4826·1.2533·0.1/√20.
+        assert!((noisy.relative_error() - 1.4826 * 1.2533 * 0.1 / 20f64.sqrt()).abs() < 1e-9);
     }
 
     #[test]

@@ -14,16 +14,18 @@ pub(crate) struct PolicyModels {
     /// Ranks whose model is live-fitted from fewer than half a window of
     /// samples (and not a deliberate straggler re-fit), with that count.
     pub young: Vec<(usize, u64)>,
+    /// Median relative standard error of the live-fitted ranks' models (0
+    /// when the policy does not use live data).
+    pub relative_error: f64,
 }
 
-/// The fixed cost `a` the live fit uses for this rank: the profile's for
-/// hybrid, 0 otherwise (the fitted rate then absorbs the fixed cost at the
-/// current batch, see [`crate::model::LiveModel`]).
-pub(crate) fn live_fixed(policy: Policy, rank: &RankState) -> f64 {
-    match (policy, rank.profile) {
-        (Policy::Hybrid, Some(p)) => p.fixed_seconds,
-        _ => 0.0,
-    }
+/// The fixed cost `a` the live fit uses for this rank: the profile's when
+/// there is one (the profile sees several batch sizes, live steps mostly
+/// one), else 0 — the fitted rate then absorbs the fixed cost at the current
+/// batch and re-planning converges by fixed-point iteration, see
+/// [`crate::model::LiveModel`].
+pub(crate) fn live_fixed(rank: &RankState) -> f64 {
+    rank.profile.map_or(0.0, |p| p.fixed_seconds)
 }
 
 /// The model of one rank under `policy`, from its own data only.
@@ -31,13 +33,17 @@ fn own_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<
     match policy {
         Policy::Static | Policy::SeedFormula => best_estimate(rank),
         Policy::Proportional => rank.profile,
-        Policy::Dynamic => rank.live.model(0.0),
+        Policy::Dynamic => rank.live.model(live_fixed(rank)),
         Policy::Hybrid => {
-            let fixed = live_fixed(policy, rank);
+            let fixed = live_fixed(rank);
             let live = rank.live.model(fixed);
             match (rank.profile, live) {
                 (Some(p), Some(l)) => {
-                    let w = if rank.profile_trusted { prior_weight } else { 0.0 };
+                    let w = if rank.profile_trusted {
+                        prior_weight
+                    } else {
+                        0.0
+                    };
                     let n = rank.live.total() as f64;
                     let c = (w * p.per_sample_seconds + n * l.per_sample_seconds) / (w + n);
                     Some(StepModel {
@@ -54,7 +60,7 @@ fn own_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<
 /// Best available description of a rank regardless of policy: live fit
 /// (with the profile's fixed cost when known), else the profile.
 pub(crate) fn best_estimate(rank: &mut RankState) -> Option<StepModel> {
-    let fixed = rank.profile.map_or(0.0, |p| p.fixed_seconds);
+    let fixed = live_fixed(rank);
     rank.live.model(fixed).or(rank.profile)
 }
 
@@ -99,6 +105,16 @@ pub(crate) fn policy_models(
     } else {
         Vec::new()
     };
+    let mut errors: Vec<f64> = if uses_live {
+        ranks
+            .iter()
+            .filter(|r| r.live.total() > 0)
+            .map(|r| r.live.relative_error())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let relative_error = median(&mut errors).unwrap_or(0.0);
     let models = if policy == Policy::Static {
         vec![fallback_unit(); ranks.len()]
     } else {
@@ -108,6 +124,7 @@ pub(crate) fn policy_models(
         models,
         known,
         young,
+        relative_error,
     }
 }
 
@@ -116,6 +133,28 @@ fn fallback_unit() -> StepModel {
         fixed_seconds: 0.0,
         per_sample_seconds: 1.0,
     }
+}
+
+/// Split models that make the optimal split allocate in proportion to the
+/// seed formula's scores: `t_r(b) = b / score_r`. Hardware score: the
+/// observed compute score, else the profile's samples per second.
+pub(crate) fn seed_models(ranks: &[RankState]) -> Vec<StepModel> {
+    let hardware: Vec<Option<f64>> = ranks
+        .iter()
+        .map(|r| {
+            r.compute_score
+                .or(r.profile.map(|p| 1.0 / p.per_sample_seconds))
+        })
+        .collect();
+    let times: Vec<Option<f64>> = ranks.iter().map(|r| r.live.mean_seconds()).collect();
+    let util: Vec<Option<(f64, f64)>> = ranks.iter().map(|r| r.utilisation).collect();
+    seed_scores(&hardware, &times, &util)
+        .iter()
+        .map(|s| StepModel {
+            fixed_seconds: 0.0,
+            per_sample_seconds: (1.0 / s).clamp(1e-300, 1e300),
+        })
+        .collect()
 }
 
 /// Weight of the hardware score in the seed formula.
@@ -145,7 +184,10 @@ pub fn seed_scores(
     let n = compute_score.len();
     let base = normalise(&fill_median(compute_score, n));
     let times = fill_median(mean_seconds, n);
-    let have_perf = mean_seconds.iter().flatten().any(|t| t.is_finite() && *t > 0.0);
+    let have_perf = mean_seconds
+        .iter()
+        .flatten()
+        .any(|t| t.is_finite() && *t > 0.0);
     let perf = normalise(&times.iter().map(|t| 1.0 / t).collect::<Vec<_>>());
     let mut sorted = times.clone();
     let median_time = median(&mut sorted).unwrap_or(1.0);
@@ -209,7 +251,11 @@ mod tests {
     #[test]
     fn seed_formula_matches_the_pseudo_code() {
         // Two ranks, equal hardware, rank 1 twice as slow per iteration.
-        let s = seed_scores(&[Some(1.0), Some(1.0)], &[Some(1.0), Some(2.0)], &[None, None]);
+        let s = seed_scores(
+            &[Some(1.0), Some(1.0)],
+            &[Some(1.0), Some(2.0)],
+            &[None, None],
+        );
         // base 0.5/0.5, perf 2/3 and 1/3.
         assert!((s[0] - (0.6 * 0.5 + 0.4 * 2.0 / 3.0)).abs() < 1e-12);
         assert!((s[1] - (0.6 * 0.5 + 0.4 / 3.0)).abs() < 1e-12);
@@ -231,7 +277,11 @@ mod tests {
 
     #[test]
     fn seed_formula_survives_garbage() {
-        let s = seed_scores(&[Some(f64::NAN), None], &[Some(-1.0), Some(f64::INFINITY)], &[None]);
+        let s = seed_scores(
+            &[Some(f64::NAN), None],
+            &[Some(-1.0), Some(f64::INFINITY)],
+            &[None],
+        );
         assert_eq!(s.len(), 2);
         assert!(s.iter().all(|x| x.is_finite() && *x > 0.0));
     }

@@ -237,7 +237,13 @@ fn integer_split(
             .iter()
             .enumerate()
             .filter(|(r, &x)| x < upper[*r])
-            .map(|(r, &x)| Reverse(Key(models[r].predict(x + 1), models[r].per_sample_seconds, r)))
+            .map(|(r, &x)| {
+                Reverse(Key(
+                    models[r].predict(x + 1),
+                    models[r].per_sample_seconds,
+                    r,
+                ))
+            })
             .collect();
         let mut missing = global - sum;
         while missing > 0 {
@@ -279,7 +285,12 @@ fn integer_split(
 /// `global` and lie within the bounds) by largest remainder; ties go to the
 /// lower rank. Used for damping. Returns `None` when the rounding cannot be
 /// made exact (inputs inconsistent).
-pub(crate) fn round_to_sum(x: &[f64], global: u32, lower: &[u32], upper: &[u32]) -> Option<Vec<u32>> {
+pub(crate) fn round_to_sum(
+    x: &[f64],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Option<Vec<u32>> {
     let mut b: Vec<u32> = x
         .iter()
         .zip(lower.iter().zip(upper))
@@ -386,7 +397,13 @@ mod tests {
             optimal_split(&[m(0.0, 1.0)], 10, 1, &[10, 10]),
             Err(BalancerError::LengthMismatch { .. })
         ));
-        for bad in [m(f64::NAN, 1.0), m(0.0, 0.0), m(0.0, -1.0), m(-1.0, 1.0), m(0.0, f64::INFINITY)] {
+        for bad in [
+            m(f64::NAN, 1.0),
+            m(0.0, 0.0),
+            m(0.0, -1.0),
+            m(-1.0, 1.0),
+            m(0.0, f64::INFINITY),
+        ] {
             assert!(matches!(
                 optimal_split(&[m(0.0, 1.0), bad], 10, 1, &[10, 10]),
                 Err(BalancerError::InvalidModel { rank: 1, .. })

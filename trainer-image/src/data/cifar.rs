@@ -25,12 +25,19 @@ pub fn parse_records(bytes: &[u8], what: &str) -> Result<(Tensor, Tensor)> {
     let mut pix = Vec::with_capacity(n * (RECORD - 1));
     for rec in bytes.chunks_exact(RECORD) {
         if rec[0] > 9 {
-            return Err(TrainerError::Data(format!("{what}: label {} out of range", rec[0])));
+            return Err(TrainerError::Data(format!(
+                "{what}: label {} out of range",
+                rec[0]
+            )));
         }
         labels.push(i64::from(rec[0]));
         pix.extend_from_slice(&rec[1..]);
     }
-    let x = normalize_u8(&Tensor::from_slice(&pix).view([n as i64, 3, 32, 32]), &MEAN, &STD);
+    let x = normalize_u8(
+        &Tensor::from_slice(&pix).view([n as i64, 3, 32, 32]),
+        &MEAN,
+        &STD,
+    );
     Ok((x, Tensor::from_slice(&labels)))
 }
 

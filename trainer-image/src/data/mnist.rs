@@ -16,7 +16,10 @@ pub fn parse_idx(bytes: &[u8], what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
         return Err(bad("not an IDX file (bad magic)".into()));
     }
     if bytes[2] != 0x08 {
-        return Err(bad(format!("element type 0x{:02x} is not unsigned byte", bytes[2])));
+        return Err(bad(format!(
+            "element type 0x{:02x} is not unsigned byte",
+            bytes[2]
+        )));
     }
     let ndim = bytes[3] as usize;
     let header = 4 + 4 * ndim;
@@ -64,10 +67,16 @@ fn pair(dir: &Path, prefix: &str) -> Result<Option<(Tensor, Tensor, [i64; 2])>> 
         )));
     }
     if let Some(&l) = labels.iter().find(|&&l| l > 9) {
-        return Err(TrainerError::Data(format!("{lbl_name}: label {l} is not a digit")));
+        return Err(TrainerError::Data(format!(
+            "{lbl_name}: label {l} is not a digit"
+        )));
     }
     let (n, h, w) = (idims[0] as i64, idims[1] as i64, idims[2] as i64);
-    let x = normalize_u8(&Tensor::from_slice(&ipix).view([n, 1, h, w]), &[0.1307], &[0.3081]);
+    let x = normalize_u8(
+        &Tensor::from_slice(&ipix).view([n, 1, h, w]),
+        &[0.1307],
+        &[0.3081],
+    );
     let y: Vec<i64> = labels.iter().map(|&l| i64::from(l)).collect();
     Ok(Some((x, Tensor::from_slice(&y), [h, w])))
 }

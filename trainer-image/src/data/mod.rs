@@ -74,8 +74,12 @@ pub fn split_tail(x: Tensor, y: Tensor, fraction: f64) -> (Tensor, Tensor, Tenso
 /// Normalise u8 images `[N, C, H, W]` per channel to float.
 pub fn normalize_u8(images: &Tensor, mean: &[f64], std: &[f64]) -> Tensor {
     let c = mean.len() as i64;
-    let m = Tensor::from_slice(mean).to_kind(Kind::Float).view([1, c, 1, 1]);
-    let s = Tensor::from_slice(std).to_kind(Kind::Float).view([1, c, 1, 1]);
+    let m = Tensor::from_slice(mean)
+        .to_kind(Kind::Float)
+        .view([1, c, 1, 1]);
+    let s = Tensor::from_slice(std)
+        .to_kind(Kind::Float)
+        .view([1, c, 1, 1]);
     (images.to_kind(Kind::Float) / 255.0 - m) / s
 }
 

@@ -32,7 +32,10 @@ mod tests {
             let m = simple_cnn(&vs.root(), chw, 64, 10);
             let x = tch::Tensor::zeros([2, chw[0], chw[1], chw[2]], tch::kind::FLOAT_CPU);
             assert_eq!(m.forward(&x).size(), vec![2, 10]);
-            assert_eq!(vs.variables()["fc1.weight"].size()[1], 32 * (chw[1] / 4) * (chw[2] / 4));
+            assert_eq!(
+                vs.variables()["fc1.weight"].size()[1],
+                32 * (chw[1] / 4) * (chw[2] / 4)
+            );
         }
     }
 }

@@ -17,11 +17,26 @@ pub struct GptConfig {
 
 fn block(p: nn::Path, c: GptConfig) -> impl Module {
     let ln_1 = nn::layer_norm(&p / "ln_1", vec![c.width], Default::default());
-    let c_attn = nn::linear(&p / "attn" / "c_attn", c.width, 3 * c.width, Default::default());
+    let c_attn = nn::linear(
+        &p / "attn" / "c_attn",
+        c.width,
+        3 * c.width,
+        Default::default(),
+    );
     let a_proj = nn::linear(&p / "attn" / "c_proj", c.width, c.width, Default::default());
     let ln_2 = nn::layer_norm(&p / "ln_2", vec![c.width], Default::default());
-    let c_fc = nn::linear(&p / "mlp" / "c_fc", c.width, 4 * c.width, Default::default());
-    let m_proj = nn::linear(&p / "mlp" / "c_proj", 4 * c.width, c.width, Default::default());
+    let c_fc = nn::linear(
+        &p / "mlp" / "c_fc",
+        c.width,
+        4 * c.width,
+        Default::default(),
+    );
+    let m_proj = nn::linear(
+        &p / "mlp" / "c_proj",
+        4 * c.width,
+        c.width,
+        Default::default(),
+    );
     let (nh, hd) = (c.heads, c.width / c.heads);
     nn::func(move |x| {
         let (b, t, w) = x.size3().unwrap_or((1, 1, c.width));
@@ -50,9 +65,7 @@ pub fn gpt(p: &nn::Path, c: GptConfig) -> nn::Func<'static> {
     let emb = nn::EmbeddingConfig::default();
     let wte = nn::embedding(p / "wte", c.vocab, c.width, emb);
     let wpe = nn::embedding(p / "wpe", c.context, c.width, emb);
-    let blocks: Vec<_> = (0..c.layers)
-        .map(|i| block(p / "h" / i, c))
-        .collect();
+    let blocks: Vec<_> = (0..c.layers).map(|i| block(p / "h" / i, c)).collect();
     let ln_f = nn::layer_norm(p / "ln_f", vec![c.width], Default::default());
     let lm_head = nn::linear(
         p / "lm_head",

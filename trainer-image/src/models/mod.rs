@@ -36,7 +36,11 @@ impl Model {
         let classes = *logits.size().last().unwrap_or(&1);
         let l = logits.view([-1, classes]);
         let t = y.view([-1]);
-        let correct = l.argmax(-1, false).eq_tensor(&t).sum(Kind::Float).double_value(&[]);
+        let correct = l
+            .argmax(-1, false)
+            .eq_tensor(&t)
+            .sum(Kind::Float)
+            .double_value(&[]);
         let n = t.size()[0] as f64;
         let loss = l
             .log_softmax(-1, Kind::Float)
@@ -50,7 +54,9 @@ impl Model {
 /// Build the model a config names for data of `shape`.
 pub fn build(p: &nn::Path, cfg: &TrainConfig, shape: &DataShape) -> Result<Model> {
     let mismatch = |m: &str| {
-        TrainerError::Config(format!("--model {m} does not fit the dataset's shape {shape:?}"))
+        TrainerError::Config(format!(
+            "--model {m} does not fit the dataset's shape {shape:?}"
+        ))
     };
     let net: Box<dyn ModuleT> = match (cfg.model, shape) {
         (ModelKind::Mlp, DataShape::Image { chw, classes }) => {

@@ -62,8 +62,8 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let mut scenario =
-        Scenario::builtin(&args.scenario).ok_or_else(|| format!("unknown scenario {:?}", args.scenario))?;
+    let mut scenario = Scenario::builtin(&args.scenario)
+        .ok_or_else(|| format!("unknown scenario {:?}", args.scenario))?;
     if let Some(s) = args.steps {
         scenario.steps = s;
     }

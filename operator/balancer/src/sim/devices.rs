@@ -90,7 +90,9 @@ pub const CPU_NODE: DeviceType = DeviceType {
 };
 
 /// Every device in the table.
-pub const ALL_DEVICES: [DeviceType; 9] = [H100, A100, V100, RTX_3090, RTX_3070, T4, RTX_2060, GTX_1660, CPU_NODE];
+pub const ALL_DEVICES: [DeviceType; 9] = [
+    H100, A100, V100, RTX_3090, RTX_3070, T4, RTX_2060, GTX_1660, CPU_NODE,
+];
 
 /// The eight device types of the `big` scenario.
 pub const BIG_MIX: [DeviceType; 8] = [H100, A100, V100, RTX_3090, T4, RTX_2060, GTX_1660, CPU_NODE];

@@ -55,12 +55,21 @@ fn noise_factor(rng: &mut Rng, noise: f64, outlier_rate: f64) -> f64 {
     f
 }
 
-fn profile(bal: &mut Balancer, idx: usize, live: &Live, rng: &mut Rng, sc: &Scenario) -> Result<(), BalancerError> {
+fn profile(
+    bal: &mut Balancer,
+    idx: usize,
+    live: &Live,
+    rng: &mut Rng,
+    sc: &Scenario,
+) -> Result<(), BalancerError> {
     let truth = live.truth();
     let mut points = Vec::new();
     for &b in PROBES.iter().filter(|&&b| b <= live.rank.max_batch) {
         for _ in 0..PROBE_REPS {
-            points.push((b, truth.predict(b) * noise_factor(rng, sc.noise, sc.outlier_rate)));
+            points.push((
+                b,
+                truth.predict(b) * noise_factor(rng, sc.noise, sc.outlier_rate),
+            ));
         }
     }
     bal.observe_profile(idx, &points, live.rank.max_batch)?;
@@ -84,10 +93,22 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64) -> Result<RunReport, 
 }
 
 /// Runs one policy on a scenario with explicit balancer settings.
-pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<RunReport, BalancerError> {
+pub fn run_with(
+    scenario: &Scenario,
+    cfg: BalancerConfig,
+    seed: u64,
+) -> Result<RunReport, BalancerError> {
     let sc = scenario;
     let mut rng = Rng::new(seed);
-    let mut ranks: Vec<Live> = sc.ranks.iter().cloned().map(|rank| Live { rank, slowdown: 1.0 }).collect();
+    let mut ranks: Vec<Live> = sc
+        .ranks
+        .iter()
+        .cloned()
+        .map(|rank| Live {
+            rank,
+            slowdown: 1.0,
+        })
+        .collect();
     let mut bal = Balancer::new(cfg.clone(), ranks.len())?;
     for (i, r) in ranks.iter().enumerate() {
         profile(&mut bal, i, r, &mut rng, sc)?;
@@ -99,7 +120,8 @@ pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<R
     let mut report = RunReport::new(cfg.policy);
     let mut plan_changes = 0u64;
     let (mut total_time, mut ideal_time, mut cv_sum) = (0.0, 0.0, 0.0);
-    let (mut iv_time, mut iv_ideal, mut iv_cv, mut iv_start, mut iv_changes_before) = (0.0, 0.0, 0.0, 0u64, 0u64);
+    let (mut iv_time, mut iv_ideal, mut iv_cv, mut iv_start, mut iv_changes_before) =
+        (0.0, 0.0, 0.0, 0u64, 0u64);
     let mut compute = Vec::with_capacity(ranks.len());
 
     for step in 0..sc.steps {
@@ -108,7 +130,11 @@ pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<R
             match &ev.kind {
                 EventKind::Slowdown { rank, factor } => {
                     if let Some(r) = ranks.get_mut(*rank) {
-                        r.slowdown = if factor.is_finite() && *factor > 0.0 { *factor } else { 1.0 };
+                        r.slowdown = if factor.is_finite() && *factor > 0.0 {
+                            *factor
+                        } else {
+                            1.0
+                        };
                     }
                 }
                 EventKind::Join { rank } => {
@@ -166,6 +192,8 @@ pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<R
                 start_step: iv_start,
                 steps: steps_in,
                 efficiency: iv_ideal / iv_time,
+                seconds: iv_time,
+                ideal_seconds: iv_ideal,
                 cv_percent: iv_cv / steps_in as f64,
                 rebalances_before: iv_changes_before,
             });
@@ -181,6 +209,13 @@ pub fn run_with(scenario: &Scenario, cfg: BalancerConfig, seed: u64) -> Result<R
         }
     }
     let samples = f64::from(sc.global_batch) * sc.steps as f64;
-    report.finish(samples, total_time, ideal_time, cv_sum / sc.steps.max(1) as f64, plan_changes, plan);
+    report.finish(
+        samples,
+        total_time,
+        ideal_time,
+        cv_sum / sc.steps.max(1) as f64,
+        plan_changes,
+        plan,
+    );
     Ok(report)
 }

@@ -20,7 +20,11 @@ pub use scenario::{Event, EventKind, Scenario, SimRank, BUILTIN_SCENARIOS};
 use crate::{BalancerError, Policy};
 
 /// Runs each of `policies` on `scenario` with the same noise seed.
-pub fn run_all(scenario: &Scenario, policies: &[Policy], seed: u64) -> Result<ScenarioReport, BalancerError> {
+pub fn run_all(
+    scenario: &Scenario,
+    policies: &[Policy],
+    seed: u64,
+) -> Result<ScenarioReport, BalancerError> {
     let runs = policies
         .iter()
         .map(|&p| run(scenario, p, seed))

@@ -20,6 +20,10 @@ pub struct IntervalReport {
     pub steps: u64,
     /// Ideal time / actual time over the interval.
     pub efficiency: f64,
+    /// Simulated seconds the interval took.
+    pub seconds: f64,
+    /// Seconds the oracle split would have taken.
+    pub ideal_seconds: f64,
     /// Mean per-step CV of compute time, percent.
     pub cv_percent: f64,
     /// Plan changes made before the interval started.
@@ -39,6 +43,9 @@ pub struct RunReport {
     pub ideal_throughput: f64,
     /// `throughput / ideal_throughput`.
     pub efficiency: f64,
+    /// Efficiency over the second half of the run (steady state, after
+    /// the policy had time to converge).
+    pub steady_efficiency: f64,
     /// Start step of the first interval at ≥ 95% of ideal (`None`: never).
     pub steps_to_95: Option<u64>,
     /// Plan changes made before that interval.
@@ -65,6 +72,7 @@ impl RunReport {
             throughput: 0.0,
             ideal_throughput: 0.0,
             efficiency: 0.0,
+            steady_efficiency: 0.0,
             steps_to_95: None,
             rebalances_to_95: None,
             plan_changes: 0,
@@ -76,10 +84,32 @@ impl RunReport {
         }
     }
 
-    pub(crate) fn finish(&mut self, samples: f64, time: f64, ideal_time: f64, cv: f64, changes: u64, plan: Vec<u32>) {
+    pub(crate) fn finish(
+        &mut self,
+        samples: f64,
+        time: f64,
+        ideal_time: f64,
+        cv: f64,
+        changes: u64,
+        plan: Vec<u32>,
+    ) {
         self.throughput = if time > 0.0 { samples / time } else { 0.0 };
-        self.ideal_throughput = if ideal_time > 0.0 { samples / ideal_time } else { 0.0 };
+        self.ideal_throughput = if ideal_time > 0.0 {
+            samples / ideal_time
+        } else {
+            0.0
+        };
         self.efficiency = if time > 0.0 { ideal_time / time } else { 0.0 };
+        let half = self
+            .intervals
+            .last()
+            .map_or(0, |i| (i.start_step + i.steps) / 2);
+        let (ideal, actual) = self
+            .intervals
+            .iter()
+            .filter(|i| i.start_step >= half)
+            .fold((0.0, 0.0), |(a, b), i| (a + i.ideal_seconds, b + i.seconds));
+        self.steady_efficiency = if actual > 0.0 { ideal / actual } else { 0.0 };
         let first = self.intervals.iter().find(|i| i.efficiency >= NEAR_IDEAL);
         self.steps_to_95 = first.map(|i| i.start_step);
         self.rebalances_to_95 = first.map(|i| i.rebalances_before);
@@ -134,18 +164,27 @@ impl ScenarioReport {
         );
         let _ = writeln!(
             out,
-            "{:<13} {:>12} {:>12} {:>10} {:>12} {:>12} {:>8} {:>8}  quality",
-            "policy", "samples/s", "ideal", "efficiency", "steps→95%", "rebal→95%", "changes", "CV%"
+            "{:<13} {:>12} {:>12} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8}  quality",
+            "policy",
+            "samples/s",
+            "ideal",
+            "efficiency",
+            "steady",
+            "steps→95%",
+            "rebal→95%",
+            "changes",
+            "CV%"
         );
         for r in &self.runs {
             let opt = |v: Option<u64>| v.map_or("never".to_string(), |x| x.to_string());
             let _ = writeln!(
                 out,
-                "{:<13} {:>12.1} {:>12.1} {:>9.1}% {:>12} {:>12} {:>8} {:>8.1}  {}",
+                "{:<13} {:>12.1} {:>12.1} {:>9.1}% {:>7.1}% {:>10} {:>10} {:>8} {:>8.1}  {}",
                 r.policy.to_string(),
                 r.throughput,
                 r.ideal_throughput,
                 r.efficiency * 100.0,
+                r.steady_efficiency * 100.0,
                 opt(r.steps_to_95),
                 opt(r.rebalances_to_95),
                 r.plan_changes,

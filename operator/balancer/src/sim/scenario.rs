@@ -70,6 +70,7 @@ pub struct Event {
     /// Step before which it happens (0-based).
     pub step: u64,
     /// What happens.
+    #[serde(flatten)]
     pub kind: EventKind,
 }
 
@@ -101,7 +102,14 @@ pub struct Scenario {
 }
 
 /// Names of the built-in scenarios.
-pub const BUILTIN_SCENARIOS: [&str; 6] = ["four-rank", "throttle", "homogeneous", "join", "mixed", "big"];
+pub const BUILTIN_SCENARIOS: [&str; 6] = [
+    "four-rank",
+    "throttle",
+    "homogeneous",
+    "join",
+    "mixed",
+    "big",
+];
 
 /// Per-sample seconds of the fastest rank in the abstract scenarios.
 const REF_PER_SAMPLE: f64 = 0.002;
@@ -144,11 +152,17 @@ impl Scenario {
                 events: vec![
                     Event {
                         step: 200,
-                        kind: EventKind::Slowdown { rank: 0, factor: 2.0 },
+                        kind: EventKind::Slowdown {
+                            rank: 0,
+                            factor: 2.0,
+                        },
                     },
                     Event {
                         step: 400,
-                        kind: EventKind::Slowdown { rank: 0, factor: 1.0 },
+                        kind: EventKind::Slowdown {
+                            rank: 0,
+                            factor: 1.0,
+                        },
                     },
                 ],
                 ..base
@@ -177,8 +191,11 @@ impl Scenario {
                 ..base
             },
             "big" => Scenario {
-                description: "1,024 ranks, 128 each of 8 device types, B = 131,072, 5% noise".into(),
-                ranks: (0..1024).map(|i| SimRank::from_device(&BIG_MIX[i % BIG_MIX.len()])).collect(),
+                description: "1,024 ranks, 128 each of 8 device types, B = 131,072, 5% noise"
+                    .into(),
+                ranks: (0..1024)
+                    .map(|i| SimRank::from_device(&BIG_MIX[i % BIG_MIX.len()]))
+                    .collect(),
                 global_batch: 131_072,
                 allreduce_seconds: 0.050,
                 noise: 0.05,

@@ -1,0 +1,57 @@
+# HeteroTrain — the two commands:   make demo   |   make test
+# Everything is installed or built on first use and cached in $(HETEROTRAIN_CACHE).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+HETEROTRAIN_CACHE ?= $(HOME)/.cache/heterotrain
+export HETEROTRAIN_CACHE
+CARGO_TARGET_DIR ?= $(HETEROTRAIN_CACHE)/target
+export CARGO_TARGET_DIR
+ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
+CARGO := $(ENV) cargo
+
+.PHONY: help setup test lint fmt crds demo demo-down build bench-balancer bench-trainer clean-cache
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup: ## install/build everything needed (idempotent; cached in $(HETEROTRAIN_CACHE))
+	@bash e2e/scripts/setup.sh
+
+build: setup ## build all binaries (release)
+	@echo "==> cargo build --release --workspace"
+	@$(CARGO) build --release --workspace
+
+lint: setup ## cargo fmt --check and clippy -D warnings
+	@echo "==> cargo fmt --check"
+	@$(CARGO) fmt --all -- --check
+	@echo "==> cargo clippy --all-targets -- -D warnings"
+	@$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: lint ## formatting, lints and every test (unit, real API server, real c10d)
+	@echo "==> cargo test --workspace"
+	@$(CARGO) test --workspace -- --test-threads=2
+	@echo "==> all tests passed"
+
+fmt: ## format the code
+	@cargo fmt --all
+
+crds: ## regenerate crds/heterotrainingjob.yaml from the Rust types
+	@$(CARGO) run -q -p heterotrain-crds --bin crdgen > crds/heterotrainingjob.yaml.tmp
+	@mv crds/heterotrainingjob.yaml.tmp crds/heterotrainingjob.yaml
+	@echo "wrote crds/heterotrainingjob.yaml"
+
+demo: setup ## the whole system on this machine (see README)
+	@bash e2e/scripts/demo.sh
+
+demo-down: ## stop the demo's local control plane
+	@$(CARGO) run -q -p heterotrain-e2e --bin heterotrain-local -- down
+
+bench-balancer: setup ## balancer efficiency per policy and plan time at scale
+	@$(CARGO) run -q --release -p heterotrain-balancer --bin heterotrain-bench-balancer
+
+bench-trainer: setup ## our trainer vs PyTorch DDP (torchrun, Gloo), 2 ranks
+	@$(ENV) bash trainer-image/scripts/bench_trainer.sh
+
+clean-cache: ## remove build outputs from the cache (keeps downloads and the venv)
+	rm -rf $(HETEROTRAIN_CACHE)/target

@@ -1,0 +1,115 @@
+//! CPU quotas that make a simulated node slow: each pod's processes run in a
+//! cgroup whose quota is `node speed × the pod's CPU limit` cores. Handles
+//! cgroup v1 (`cpu.cfs_quota_us`) and v2 (`cpu.max`).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+const PERIOD_US: u64 = 100_000;
+
+/// Which cgroup hierarchy this machine has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+    /// No writable CPU controller: pods run unthrottled (a warning is logged).
+    Unavailable,
+}
+
+/// Detect the writable CPU controller.
+pub fn detect() -> Version {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.controllers").exists() && writable(root) {
+        Version::V2
+    } else if root.join("cpu").join("cpu.cfs_quota_us").exists() && writable(&root.join("cpu")) {
+        Version::V1
+    } else {
+        Version::Unavailable
+    }
+}
+
+fn writable(dir: &Path) -> bool {
+    let Ok(c) = CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) on a valid C string.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// One pod's cgroup.
+#[derive(Debug)]
+pub struct Cgroup {
+    dir: PathBuf,
+    /// `cgroup.procs` as a C string, for joining from `pre_exec`.
+    procs: CString,
+    /// Cores granted.
+    pub cores: f64,
+}
+
+impl Cgroup {
+    /// Create `heterotrain/<group>/<name>` with a quota of `cores`.
+    pub fn create(version: Version, group: &str, name: &str, cores: f64) -> Result<Option<Cgroup>> {
+        let base = match version {
+            Version::V1 => PathBuf::from("/sys/fs/cgroup/cpu/heterotrain"),
+            Version::V2 => PathBuf::from("/sys/fs/cgroup/heterotrain"),
+            Version::Unavailable => return Ok(None),
+        };
+        let parent = base.join(group);
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+        let quota = ((cores * PERIOD_US as f64) as u64).max(1000);
+        match version {
+            Version::V1 => {
+                std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
+                std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())
+                    .with_context(|| format!("setting quota in {}", dir.display()))?;
+            }
+            Version::V2 => {
+                // Delegate the cpu controller down the tree.
+                for d in [Path::new("/sys/fs/cgroup"), base.as_path(), parent.as_path()] {
+                    let _ = std::fs::write(d.join("cgroup.subtree_control"), "+cpu");
+                }
+                std::fs::write(dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+                    .with_context(|| format!("setting cpu.max in {}", dir.display()))?;
+            }
+            Version::Unavailable => {}
+        }
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes())?;
+        Ok(Some(Cgroup { dir, procs, cores }))
+    }
+
+    /// Path to `cgroup.procs` (used from `pre_exec` to join before exec).
+    pub fn procs_cstr(&self) -> &CString {
+        &self.procs
+    }
+
+    /// The cgroup directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Remove the cgroup (after its processes exited).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Join the cgroup whose `cgroup.procs` is `procs`; async-signal-safe, for `pre_exec`.
+pub fn join_from_child(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close with a valid C string and a stack buffer.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let buf = b"0\n";
+        let n = libc::write(fd, buf.as_ptr().cast(), buf.len());
+        libc::close(fd);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! The simulated nodes' configuration file (`heterotrain-local up --nodes <file>`).
+//!
+//! ```yaml
+//! nodes:
+//!   - name: fast
+//!     speed: 1.0            # share of a CPU core per requested core
+//!     cpu: "2"
+//!     memory: 4Gi
+//!   - name: gpu-a
+//!     speed: 0.5
+//!     gpus: 1
+//!     gpuProduct: NVIDIA-GeForce-RTX-3070
+//!     labels: {zone: lab}
+//! ```
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+pub struct NodesFile {
+    pub nodes: Vec<NodeConfig>,
+}
+
+/// One simulated node.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node name (a DNS label).
+    pub name: String,
+    /// Extra node labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Speed as a CPU share: a pod's processes get `speed × its CPU limit`
+    /// cores of real CPU time (cgroup quota).
+    #[serde(default = "one")]
+    pub speed: f64,
+    /// CPU capacity (a Kubernetes quantity).
+    #[serde(default = "default_cpu")]
+    pub cpu: String,
+    /// Memory capacity (a Kubernetes quantity).
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    /// Number of (simulated) GPUs: capacity `nvidia.com/gpu`.
+    #[serde(default)]
+    pub gpus: u32,
+    /// `nvidia.com/gpu.product` label of those GPUs.
+    #[serde(default)]
+    pub gpu_product: Option<String>,
+    /// Pods that fit on the node.
+    #[serde(default = "default_pods")]
+    pub max_pods: u32,
+    /// Run pods' processes (false: only report them Running, for scale tests).
+    #[serde(default = "yes")]
+    pub run_processes: bool,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_cpu() -> String {
+    "2".into()
+}
+fn default_memory() -> String {
+    "8Gi".into()
+}
+fn default_pods() -> u32 {
+    110
+}
+
+impl NodesFile {
+    /// Parse and validate a nodes file.
+    pub fn parse(text: &str) -> Result<NodesFile> {
+        let f: NodesFile = serde_yaml::from_str(text).context("parsing the nodes file")?;
+        f.validate()?;
+        Ok(f)
+    }
+
+    /// Read and validate a nodes file from disk.
+    pub fn load(path: &std::path::Path) -> Result<NodesFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading nodes file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    fn validate(&self) -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &self.nodes {
+            if n.name.is_empty()
+                || n.name.len() > 63
+                || !n
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
+                bail!("node name {:?} is not a DNS label", n.name);
+            }
+            if !seen.insert(&n.name) {
+                bail!("node {} is listed twice", n.name);
+            }
+            if !(n.speed.is_finite() && n.speed > 0.0 && n.speed <= 64.0) {
+                bail!("node {}: speed {} must be in (0, 64]", n.name, n.speed);
+            }
+            if parse_cpu(&n.cpu).is_none() {
+                bail!("node {}: cpu {:?} is not a CPU quantity", n.name, n.cpu);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parse a CPU quantity ("2", "500m", "1.5") into cores.
+pub fn parse_cpu(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let v = if let Some(m) = q.strip_suffix('m') {
+        m.parse::<f64>().ok()? / 1000.0
+    } else {
+        q.parse::<f64>().ok()?
+    };
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_validates() {
+        let f = NodesFile::parse(
+            "nodes:\n- {name: fast, speed: 1.0}\n- {name: slow, speed: 0.33, gpus: 1, gpuProduct: X}\n",
+        )
+        .unwrap();
+        assert_eq!(f.nodes.len(), 2);
+        assert_eq!(f.nodes[1].gpus, 1);
+        assert!(NodesFile::parse("nodes:\n- {name: a, speed: 0}\n").is_err());
+        assert!(NodesFile::parse("nodes:\n- {name: A}\n").is_err());
+        assert!(NodesFile::parse("nodes:\n- {name: a}\n- {name: a}\n").is_err());
+        assert!(NodesFile::parse("nodes:\n- {name: a, typo: 1}\n").is_err());
+        assert_eq!(parse_cpu("500m"), Some(0.5));
+        assert_eq!(parse_cpu("2"), Some(2.0));
+        assert_eq!(parse_cpu("x"), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! Pod DNS names for processes on the simulated nodes: a managed block in
+//! `/etc/hosts` per simulator instance, edited in place under a lock (the
+//! file may be a bind mount, so it is never replaced), and removed on stop.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+
+/// The managed entries of one simulator instance.
+pub struct HostsFile {
+    path: PathBuf,
+    marker: String,
+    entries: Mutex<BTreeMap<String, (String, Vec<String>)>>,
+}
+
+impl HostsFile {
+    /// Manage a block tagged `instance` in `path` (normally `/etc/hosts`).
+    pub fn new(path: &Path, instance: &str) -> HostsFile {
+        HostsFile {
+            path: path.to_path_buf(),
+            marker: format!("heterotrain-nodesim {instance}"),
+            entries: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Map `names` to `ip`, keyed by `key` (the pod's UID).
+    pub fn add(&self, key: &str, ip: &str, names: Vec<String>) -> Result<()> {
+        if let Ok(mut e) = self.entries.lock() {
+            e.insert(key.to_string(), (ip.to_string(), names));
+        }
+        self.sync()
+    }
+
+    /// Remove the entries under `key`.
+    pub fn remove(&self, key: &str) -> Result<()> {
+        let changed = self
+            .entries
+            .lock()
+            .map(|mut e| e.remove(key).is_some())
+            .unwrap_or(false);
+        if changed {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Remove the whole block.
+    pub fn clear(&self) -> Result<()> {
+        if let Ok(mut e) = self.entries.lock() {
+            e.clear();
+        }
+        self.sync()
+    }
+
+    fn begin(&self) -> String {
+        format!("# BEGIN {}", self.marker)
+    }
+
+    fn end(&self) -> String {
+        format!("# END {}", self.marker)
+    }
+
+    /// Rewrite our block under an exclusive `flock` on the file.
+    fn sync(&self) -> Result<()> {
+        let block: Vec<String> = match self.entries.lock() {
+            Ok(e) => e
+                .values()
+                .map(|(ip, names)| format!("{ip} {}", names.join(" ")))
+                .collect(),
+            Err(_) => return Ok(()),
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .with_context(|| format!("opening {} (pod DNS needs write access)", self.path.display()))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on an open fd; released when `f` closes.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        let (begin, end) = (self.begin(), self.end());
+        let mut out = Vec::new();
+        let mut inside = false;
+        for line in text.lines() {
+            if line == begin {
+                inside = true;
+                continue;
+            }
+            if line == end {
+                inside = false;
+                continue;
+            }
+            if !inside {
+                out.push(line.to_string());
+            }
+        }
+        if !block.is_empty() {
+            out.push(begin);
+            out.extend(block);
+            out.push(end);
+        }
+        let mut new_text = out.join("\n");
+        new_text.push('\n');
+        f.rewind()?;
+        f.set_len(0)?;
+        f.write_all(new_text.as_bytes())?;
+        f.sync_all()?;
+        Ok(())
+    }
+}
+
+impl Drop for HostsFile {
+    fn drop(&mut self) {
+        let _ = self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adds_and_removes_only_its_block() {
+        let dir = std::env::temp_dir().join(format!("hosts-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hosts");
+        std::fs::write(&path, "127.0.0.1 localhost\n").unwrap();
+        let a = HostsFile::new(&path, "a");
+        let b = HostsFile::new(&path, "b");
+        a.add("u1", "127.1.0.2", vec!["j-0.j.ns.svc".into()]).unwrap();
+        b.add("u2", "127.2.0.2", vec!["k-0.k.ns.svc".into()]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("127.0.0.1 localhost\n"));
+        assert!(text.contains("127.1.0.2 j-0.j.ns.svc") && text.contains("127.2.0.2 k-0.k.ns.svc"));
+        a.remove("u1").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("j-0") && text.contains("k-0"));
+        drop(b);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1 localhost\n");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,244 @@
+//! The node simulator: registers Nodes of configurable speed with the real
+//! API server, keeps them Ready, and runs the pods the real scheduler binds
+//! to them as local processes — each in a CPU-quota cgroup (node speed × the
+//! pod's CPU limit), with its own loopback IP as `POD_IP`, its DNS name in
+//! `/etc/hosts`, and a kubeconfig for its ServiceAccount's token.
+
+pub mod cgroup;
+pub mod config;
+pub mod env;
+pub mod hosts;
+pub mod node;
+pub mod pod;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::Client;
+
+pub use config::{NodeConfig, NodesFile};
+
+/// Shared state of one simulator instance.
+pub struct Ctx {
+    pub client: Client,
+    pub nodes: BTreeMap<String, NodeConfig>,
+    pub state_dir: PathBuf,
+    pub hosts: hosts::HostsFile,
+    pub cgroup_version: cgroup::Version,
+    pub instance: String,
+    kubeconfig_template: Box<dyn Fn(&str) -> String + Send + Sync>,
+    next_ip: AtomicU32,
+    ip_prefix: u8,
+    pub running: Mutex<HashMap<String, Arc<pod::RunningPod>>>,
+}
+
+impl Ctx {
+    /// A fresh loopback IP (never reused within an instance).
+    pub fn next_ip(&self) -> String {
+        let n = self.next_ip.fetch_add(1, Ordering::SeqCst);
+        format!("127.{}.{}.{}", self.ip_prefix, (n >> 8) & 0xff, n & 0xff)
+    }
+
+    /// A kubeconfig for `token` against this cluster.
+    pub fn kubeconfig_for_token(&self, token: &str) -> String {
+        (self.kubeconfig_template)(token)
+    }
+
+    /// Where a pod's stdout/stderr go.
+    pub fn log_path(&self, ns: &str, name: &str) -> PathBuf {
+        log_path(&self.state_dir, ns, name)
+    }
+}
+
+/// Log file of pod `ns/name` under a simulator's state directory.
+pub fn log_path(state_dir: &Path, ns: &str, name: &str) -> PathBuf {
+    state_dir.join("logs").join("pods").join(format!("{ns}_{name}.log"))
+}
+
+/// A running node simulator; dropping it stops its pods and tasks.
+pub struct NodeSimulator {
+    ctx: Arc<Ctx>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stopped: AtomicBool,
+}
+
+impl NodeSimulator {
+    /// Register `nodes` and start running their pods. `kubeconfig_for_token`
+    /// renders a kubeconfig for a pod's ServiceAccount token.
+    pub async fn start(
+        client: Client,
+        nodes: NodesFile,
+        state_dir: &Path,
+        kubeconfig_for_token: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> Result<NodeSimulator> {
+        let instance = format!("sim-{}-{}", std::process::id(), rand_suffix());
+        let version = cgroup::detect();
+        if version == cgroup::Version::Unavailable {
+            eprintln!("nodesim: warning: no writable cgroup CPU controller; pods run unthrottled");
+        }
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            nodes: nodes.nodes.iter().map(|n| (n.name.clone(), n.clone())).collect(),
+            state_dir: state_dir.to_path_buf(),
+            hosts: hosts::HostsFile::new(Path::new("/etc/hosts"), &instance),
+            cgroup_version: version,
+            instance,
+            kubeconfig_template: Box::new(kubeconfig_for_token),
+            next_ip: AtomicU32::new(2),
+            ip_prefix: 20 + (std::process::id() % 200) as u8,
+            running: Mutex::new(HashMap::new()),
+        });
+        for n in ctx.nodes.values() {
+            node::register(&client, n).await?;
+        }
+        let mut tasks = Vec::new();
+        let hb = ctx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                for n in hb.nodes.values() {
+                    if let Err(e) = node::heartbeat(&hb.client, n).await {
+                        eprintln!("nodesim: heartbeat: {e:#}");
+                    }
+                }
+            }
+        }));
+        let w = ctx.clone();
+        tasks.push(tokio::spawn(async move { watch_pods(w).await }));
+        Ok(NodeSimulator { ctx, tasks, stopped: AtomicBool::new(false) })
+    }
+
+    /// Names of the simulated nodes.
+    pub fn node_names(&self) -> Vec<String> {
+        self.ctx.nodes.keys().cloned().collect()
+    }
+
+    /// The simulator's state directory (pod logs are under `logs/pods/`).
+    pub fn state_dir(&self) -> &Path {
+        &self.ctx.state_dir
+    }
+
+    /// Stop watching, SIGTERM every pod process (SIGKILL after 5 s), drop
+    /// the DNS entries and cgroups.
+    pub async fn stop(&self) {
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        let pods: Vec<_> = self
+            .ctx
+            .running
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        let stops = pods.into_iter().map(|p| pod::terminate(p, Duration::from_secs(5)));
+        futures::future::join_all(stops).await;
+        let _ = self.ctx.hosts.clear();
+    }
+}
+
+impl Drop for NodeSimulator {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Ok(m) = self.ctx.running.lock() {
+            for p in m.values() {
+                if let Some(pid) = p.pid.lock().ok().and_then(|g| *g) {
+                    crate::keeper::signal_group(pid, libc::SIGKILL);
+                }
+            }
+        }
+        let _ = self.ctx.hosts.clear();
+    }
+}
+
+fn rand_suffix() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() & 0xffff) as u32
+}
+
+async fn watch_pods(ctx: Arc<Ctx>) {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => on_pod(&ctx, p),
+            Ok(Event::Delete(p)) => on_pod_gone(&ctx, &p),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("nodesim: pod watch error (retrying): {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
+    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    if !ctx.nodes.contains_key(&node) {
+        return;
+    }
+    let uid = p.metadata.uid.clone().unwrap_or_default();
+    let existing = ctx.running.lock().ok().and_then(|m| m.get(&uid).cloned());
+    let deleting = p.metadata.deletion_timestamp.is_some();
+    match existing {
+        Some(running) => {
+            if deleting {
+                let grace = p
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+                    .unwrap_or(30)
+                    .max(0) as u64;
+                tokio::spawn(pod::terminate(running, Duration::from_secs(grace)));
+            }
+        }
+        None => {
+            let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let started = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|c| !c.is_empty());
+            if deleting {
+                let ctx = ctx.clone();
+                tokio::spawn(async move { pod::finalize_delete(&ctx, &p).await });
+                return;
+            }
+            if phase == "Succeeded" || phase == "Failed" || started {
+                return;
+            }
+            let running = Arc::new(pod::RunningPod {
+                pid: Mutex::new(None),
+                terminating: AtomicBool::new(false),
+            });
+            if let Ok(mut m) = ctx.running.lock() {
+                m.insert(uid, running.clone());
+            }
+            tokio::spawn(pod::run(ctx.clone(), p, running));
+        }
+    }
+}
+
+fn on_pod_gone(ctx: &Arc<Ctx>, p: &Pod) {
+    let uid = p.metadata.uid.clone().unwrap_or_default();
+    if let Some(running) = ctx.running.lock().ok().and_then(|m| m.get(&uid).cloned()) {
+        running.terminating.store(true, Ordering::SeqCst);
+        if let Some(pid) = running.pid.lock().ok().and_then(|g| *g) {
+            crate::keeper::signal_group(pid, libc::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Run the pods the scheduler binds to simulated nodes as local processes,
+//! and report their status like a kubelet.
+//!
+//! Image mapping: a container runs `command + args` on this machine. The
+//! executable `argv[0]` is looked up by its file name: `heterotrain-*`
+//! binaries come from `$HETEROTRAIN_BIN_DIR` (colon-separated), then the
+//! directory of the running `heterotrain-local`, then `$PATH`; other names
+//! from `$PATH`. A container without `command` runs its image's entrypoint,
+//! known for HeteroTrain's images only (`…/heterotrain-trainer:*` →
+//! `heterotrain-trainer`, `…/heterotrain-operator:*` → `heterotrain-operator`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::cgroup::{join_from_child, Cgroup};
+use super::config::parse_cpu;
+use super::Ctx;
+use crate::keeper::{signal_group, spawn_tied};
+
+/// A pod whose process runs.
+pub struct RunningPod {
+    /// Process (group leader) id, once started.
+    pub pid: std::sync::Mutex<Option<u32>>,
+    /// Set when the pod is being deleted.
+    pub terminating: AtomicBool,
+}
+
+fn now() -> String {
+    super::node::rfc3339_now()
+}
+
+/// The executable for `argv[0]` (see the module docs).
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.is_absolute() && p.exists() {
+        return Some(p.to_path_buf());
+    }
+    let base = p.file_name()?.to_str()?;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if base.starts_with("heterotrain-") {
+        if let Some(v) = std::env::var_os("HETEROTRAIN_BIN_DIR") {
+            dirs.extend(std::env::split_paths(&v));
+        }
+        if let Some(d) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+            dirs.push(d.clone());
+            // Test binaries live in target/<profile>/deps; binaries one level up.
+            if let Some(up) = d.parent() {
+                dirs.push(up.to_path_buf());
+            }
+        }
+    }
+    if let Some(v) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    dirs.into_iter().map(|d| d.join(base)).find(|c| c.is_file())
+}
+
+/// `argv` of a container (command + args, or the image's known entrypoint).
+pub fn argv(container: &Container) -> Result<Vec<String>> {
+    let mut argv = container.command.clone().unwrap_or_default();
+    if argv.is_empty() {
+        let image = container.image.clone().unwrap_or_default();
+        let repo = image.rsplit('/').next().unwrap_or("").split([':', '@']).next().unwrap_or("");
+        match repo {
+            "heterotrain-trainer" | "heterotrain-operator" => argv.push(repo.to_string()),
+            _ => bail!("image {image:?} has no known entrypoint on simulated nodes; give the container a command"),
+        }
+    }
+    argv.extend(container.args.clone().unwrap_or_default());
+    Ok(argv)
+}
+
+/// CPU cores the container may use before the node's speed is applied.
+fn cpu_limit(container: &Container, node_cpu: f64) -> f64 {
+    container
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("cpu"))
+        .and_then(|q| parse_cpu(&q.0))
+        .unwrap_or(node_cpu)
+}
+
+/// DNS names of a pod with hostname + subdomain.
+pub fn dns_names(pod: &Pod) -> Vec<String> {
+    let spec = pod.spec.as_ref();
+    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    match (spec.and_then(|s| s.hostname.clone()), spec.and_then(|s| s.subdomain.clone())) {
+        (Some(h), Some(sd)) => vec![
+            format!("{h}.{sd}.{ns}.svc"),
+            format!("{h}.{sd}.{ns}.svc.cluster.local"),
+            format!("{h}.{sd}.{ns}"),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+async fn patch_status(ctx: &Ctx, pod: &Pod, status: serde_json::Value) -> Result<()> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(json!({ "status": status })))
+        .await
+        .with_context(|| format!("updating status of pod {ns}/{name}"))?;
+    Ok(())
+}
+
+fn conditions(ready: bool, at: &str) -> serde_json::Value {
+    let s = if ready { "True" } else { "False" };
+    json!([
+        {"type": "Initialized", "status": "True", "lastTransitionTime": at},
+        {"type": "Ready", "status": s, "lastTransitionTime": at},
+        {"type": "ContainersReady", "status": s, "lastTransitionTime": at},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": at},
+    ])
+}
+
+/// A kubeconfig with a token of the pod's ServiceAccount (TokenRequest), so
+/// the process's API access goes through RBAC like a real pod's.
+async fn service_account_kubeconfig(ctx: &Ctx, pod: &Pod) -> Result<String> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let sa = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let api: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), &ns);
+    let req: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 86400},
+    }))?;
+    let resp: TokenRequest = api
+        .create_subresource("token", &sa, &PostParams::default(), &req)
+        .await
+        .with_context(|| format!("requesting a token for serviceaccount {ns}/{sa}"))?;
+    let token = resp
+        .status
+        .and_then(|s| s.token)
+        .ok_or_else(|| anyhow!("empty TokenRequest status"))?;
+    Ok(ctx.kubeconfig_for_token(&token))
+}
+
+/// Start the pod's process and follow it to its end. Errors before the
+/// process starts mark the pod Failed with the reason.
+pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let name = format!(
+        "{}/{}",
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default()
+    );
+    if let Err(e) = run_inner(&ctx, &pod, &running).await {
+        eprintln!("nodesim: pod {name}: {e:#}");
+        let at = now();
+        let _ = patch_status(
+            &ctx,
+            &pod,
+            json!({"phase": "Failed", "reason": "StartError", "message": format!("{e:#}"),
+                   "conditions": conditions(false, &at)}),
+        )
+        .await;
+    }
+    let _ = ctx.hosts.remove(&uid);
+    if running.terminating.load(Ordering::SeqCst) {
+        finalize_delete(&ctx, &pod).await;
+    }
+    if let Ok(mut m) = ctx.running.lock() {
+        m.remove(&uid);
+    }
+}
+
+async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let spec = pod.spec.clone().ok_or_else(|| anyhow!("pod has no spec"))?;
+    let node_name = spec.node_name.clone().unwrap_or_default();
+    let node = ctx
+        .nodes
+        .get(&node_name)
+        .ok_or_else(|| anyhow!("node {node_name} is not simulated here"))?;
+    let ip = ctx.next_ip();
+    let at = now();
+    let container = spec.containers.first().cloned().ok_or_else(|| anyhow!("pod has no containers"))?;
+    if !node.run_processes {
+        return patch_status(
+            ctx,
+            pod,
+            json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
+                   "startTime": at, "conditions": conditions(true, &at),
+                   "containerStatuses": [{"name": container.name, "ready": true, "restartCount": 0,
+                     "image": container.image.clone().unwrap_or_default(), "imageID": "", "started": true,
+                     "state": {"running": {"startedAt": at}}}]}),
+        )
+        .await;
+    }
+    let argv = argv(&container)?;
+    let program = find_program(&argv[0])
+        .ok_or_else(|| anyhow!("executable {:?} not found on this machine (see HETEROTRAIN_BIN_DIR)", argv[0]))?;
+    let mut env = super::env::resolve(&ctx.client, pod, &container, &ip).await?;
+    let pod_dir = ctx.state_dir.join("pods").join(format!("{ns}_{pod_name}_{uid}"));
+    std::fs::create_dir_all(pod_dir.join("tmp"))?;
+    let kubeconfig = pod_dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, service_account_kubeconfig(ctx, pod).await?)?;
+    env.entry("KUBECONFIG".into()).or_insert_with(|| kubeconfig.display().to_string());
+    env.insert("HETEROTRAIN_SIMULATED_NODE".into(), node_name.clone());
+    env.entry("TMPDIR".into()).or_insert_with(|| pod_dir.join("tmp").display().to_string());
+    ctx.hosts.add(&uid, &ip, dns_names(pod))?;
+    let cores = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0)) * node.speed;
+    let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?;
+    let log_path = ctx.log_path(&ns, &pod_name);
+    if let Some(dir) = log_path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let mut cmd = Command::new(&program);
+    cmd.args(&argv[1..])
+        .envs(&env)
+        .current_dir(container.working_dir.clone().map(PathBuf::from).filter(|d| d.is_dir()).unwrap_or(pod_dir.clone()))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    if let Some(cg) = &cgroup {
+        let procs = cg.procs_cstr().clone();
+        use std::os::unix::process::CommandExt;
+        // SAFETY: join_from_child only makes async-signal-safe syscalls.
+        unsafe {
+            cmd.pre_exec(move || join_from_child(&procs));
+        }
+    }
+    let mut child = spawn_tied(cmd).with_context(|| format!("starting {}", program.display()))?;
+    let pid = child.id();
+    if let Ok(mut p) = running.pid.lock() {
+        *p = Some(pid);
+    }
+    let started = now();
+    let image = container.image.clone().unwrap_or_default();
+    let cname = container.name.clone();
+    patch_status(
+        ctx,
+        pod,
+        json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
+               "startTime": started, "conditions": conditions(true, &started),
+               "containerStatuses": [{"name": cname, "ready": true, "restartCount": 0, "image": image,
+                 "imageID": "", "containerID": format!("heterotrain-local://{pid}"), "started": true,
+                 "state": {"running": {"startedAt": started}}}]}),
+    )
+    .await
+    .ok();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                break status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+            }
+            Ok(None) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => bail!("waiting for pid {pid}: {e}"),
+        }
+    };
+    // Anything the container left behind in its group goes with it.
+    signal_group(pid, libc::SIGKILL);
+    if let Some(cg) = &cgroup {
+        cg.remove();
+    }
+    if running.terminating.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let finished = now();
+    let (phase, reason) = if code == 0 { ("Succeeded", "Completed") } else { ("Failed", "Error") };
+    patch_status(
+        ctx,
+        pod,
+        json!({"phase": phase, "conditions": conditions(false, &finished),
+               "containerStatuses": [{"name": container.name, "ready": false, "restartCount": 0,
+                 "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                 "containerID": format!("heterotrain-local://{pid}"), "started": false,
+                 "state": {"terminated": {"exitCode": code, "reason": reason,
+                   "startedAt": started, "finishedAt": finished}}}]}),
+    )
+    .await
+}
+
+/// SIGTERM the pod's processes, SIGKILL after the grace period.
+pub async fn terminate(running: Arc<RunningPod>, grace: Duration) {
+    if running.terminating.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let pid = running.pid.lock().ok().and_then(|p| *p);
+    let Some(pid) = pid else { return };
+    signal_group(pid, libc::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < deadline {
+        // SAFETY: signal 0 checks existence.
+        if unsafe { libc::kill(pid as i32, 0) } != 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal_group(pid, libc::SIGKILL);
+}
+
+/// Remove a terminated pod from the API, as a kubelet does at the end of a graceful delete.
+pub async fn finalize_delete(ctx: &Ctx, pod: &Pod) {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut dp = DeleteParams::default().grace_period(0);
+    if let Some(uid) = pod.metadata.uid.clone() {
+        dp.preconditions = Some(kube::api::Preconditions { uid: Some(uid), resource_version: None });
+    }
+    let _ = api.delete(&name, &dp).await;
+}
+
+/// Environment summary for debugging.
+pub fn describe_env(env: &BTreeMap<String, String>) -> String {
+    env.keys().cloned().collect::<Vec<_>>().join(",")
+}

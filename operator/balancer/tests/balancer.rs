@@ -1,0 +1,304 @@
+//! Behaviour of the stateful balancer: policies, hysteresis, damping,
+//! stragglers, staleness, errors and reasons.
+
+use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Decision, Policy};
+
+/// Per-sample seconds of four ranks with speeds 1 : 0.7 : 0.4 : 0.25.
+const C: [f64; 4] = [0.002, 0.002 / 0.7, 0.002 / 0.4, 0.002 / 0.25];
+
+fn balancer(policy: Policy, global: u32) -> Balancer {
+    let cfg = BalancerConfig {
+        policy,
+        global_batch_size: global,
+        ..BalancerConfig::default()
+    };
+    Balancer::new(cfg, 4).expect("valid config")
+}
+
+/// `n` steps of every rank at `plan`, compute time `c_r · b_r`.
+fn feed(bal: &mut Balancer, plan: &[u32], c: &[f64], n: usize) {
+    for _ in 0..n {
+        for (r, (&b, &c)) in plan.iter().zip(c).enumerate() {
+            bal.observe_step(r, b, c * f64::from(b))
+                .expect("valid sample");
+        }
+    }
+}
+
+fn plan_of(d: &Decision) -> Vec<u32> {
+    d.plan.clone().expect("a new plan")
+}
+
+#[test]
+fn dynamic_starts_equal_then_follows_measured_speeds() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![59, 59, 59, 58]);
+    assert!(d.reason.contains("no measurements yet"), "{}", d.reason);
+    // Known plan but no data: keep it.
+    let d = bal.decide(&[59, 59, 59, 58]).expect("decide");
+    assert!(d.plan.is_none());
+    feed(&mut bal, &[59, 59, 59, 58], &C, 20);
+    let d = bal.decide(&[59, 59, 59, 58]).expect("decide");
+    assert_eq!(plan_of(&d), vec![100, 70, 40, 25]);
+    assert!(d.gain_percent > 50.0, "{d:?}");
+    assert!(
+        d.reason.starts_with("dynamic: predicted step"),
+        "{}",
+        d.reason
+    );
+    assert!((d.predicted_step_seconds - 0.2).abs() < 1e-9);
+}
+
+#[test]
+fn hysteresis_keeps_a_plan_that_is_nearly_optimal() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    // 2% off the optimum 100/70/40/25.
+    let current = [98, 71, 41, 25];
+    feed(&mut bal, &current, &C, 20);
+    let d = bal.decide(&current).expect("decide");
+    assert!(d.plan.is_none(), "{d:?}");
+    assert!(d.gain_percent > 0.0 && d.gain_percent < 5.0, "{d:?}");
+    assert!(d.reason.contains("below minGainPercent 5%"), "{}", d.reason);
+    // With no hysteresis it would move.
+    let cfg = BalancerConfig {
+        global_batch_size: 235,
+        min_gain_percent: 0,
+        ..BalancerConfig::default()
+    };
+    let mut eager = Balancer::new(cfg, 4).expect("config");
+    feed(&mut eager, &current, &C, 20);
+    assert_eq!(
+        plan_of(&eager.decide(&current).expect("decide")),
+        vec![100, 70, 40, 25]
+    );
+}
+
+#[test]
+fn a_single_wild_sample_does_not_move_the_plan() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let plan = [100, 70, 40, 25];
+    feed(&mut bal, &plan, &C, 20);
+    assert!(bal.decide(&plan).expect("decide").plan.is_none());
+    bal.observe_step(0, 100, 100.0 * C[0] * 20.0)
+        .expect("sample");
+    feed(&mut bal, &plan, &C, 1);
+    let d = bal.decide(&plan).expect("decide");
+    assert!(d.plan.is_none(), "{d:?}");
+    assert!(d.stragglers.is_empty());
+}
+
+#[test]
+fn a_persistent_straggler_is_refitted_fast_and_unloaded() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let plan = [100, 70, 40, 25];
+    feed(&mut bal, &plan, &C, 20);
+    assert!(bal.decide(&plan).expect("decide").plan.is_none());
+    let slow = [C[0] * 2.0, C[1], C[2], C[3]];
+    feed(&mut bal, &plan, &slow, 3);
+    let d = bal.decide(&plan).expect("decide");
+    assert_eq!(d.stragglers, vec![0]);
+    assert!(d.reason.contains("re-fitted fast: ranks 0"), "{}", d.reason);
+    let p = plan_of(&d);
+    // Rank 0 now runs at speed 0.5: optimum 0.5 : 0.7 : 0.4 : 0.25 of 235 ≈ 64/91/51/32.
+    assert!((62..=66).contains(&p[0]), "{p:?}");
+    assert!(p[1] > 70, "{p:?}");
+}
+
+#[test]
+fn a_rank_that_stops_reporting_keeps_its_batch() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let plan = [59, 59, 59, 58];
+    feed(&mut bal, &plan, &C, 20);
+    bal.observe_missing(2).expect("rank");
+    let d = bal.decide(&plan).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p[2], 59, "{p:?}");
+    assert_eq!(d.stale_ranks, vec![2]);
+    assert!(d.reason.contains("not reporting"), "{}", d.reason);
+    assert_eq!(p.iter().sum::<u32>(), 235);
+
+    // Silent for `stale_after_decisions` (2) decisions, without being told.
+    let mut bal = balancer(Policy::Dynamic, 235);
+    feed(&mut bal, &plan, &C, 20);
+    let first = plan_of(&bal.decide(&plan).expect("decide"));
+    let live = [C[0], C[1], C[2]];
+    for _ in 0..20 {
+        for (r, c) in live.iter().enumerate() {
+            bal.observe_step(r, first[r], c * f64::from(first[r]))
+                .expect("sample");
+        }
+    }
+    // Rank 3 now silent; make it look like it deserves more (others slowed).
+    let _ = bal.decide(&first).expect("decide"); // 1st silent decision
+    let d = bal.decide(&first).expect("decide"); // 2nd: stale
+    assert_eq!(d.stale_ranks, vec![3]);
+    assert!(d.batches_or(&first)[3] <= first[3]);
+}
+
+#[test]
+fn young_measurements_are_damped() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let start = [59, 59, 59, 58];
+    feed(&mut bal, &start, &C, 5); // 5 of the 10 samples needed for full confidence
+    let d = bal.decide(&start).expect("decide");
+    let p = plan_of(&d);
+    assert!(d.reason.contains("damped to 50%"), "{}", d.reason);
+    // Half way from 59 to 100 and from 58 to 25.
+    assert!((78..=81).contains(&p[0]), "{p:?}");
+    assert!((40..=43).contains(&p[3]), "{p:?}");
+    assert_eq!(p.iter().sum::<u32>(), 235);
+}
+
+#[test]
+fn an_invalid_current_plan_is_replaced() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    feed(&mut bal, &[59, 59, 59, 58], &C, 20);
+    let d = bal.decide(&[100, 70, 40]).expect("decide");
+    assert_eq!(plan_of(&d), vec![100, 70, 40, 25]);
+    assert!(d.reason.contains("3 entries for 4 ranks"), "{}", d.reason);
+    let d = bal.decide(&[100, 70, 40, 26]).expect("decide");
+    assert!(d.reason.contains("sums to 236"), "{}", d.reason);
+}
+
+#[test]
+fn a_joining_rank_gets_the_median_model_then_its_own() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let plan = [100, 70, 40, 25];
+    feed(&mut bal, &plan, &C, 20);
+    assert_eq!(bal.add_rank(), 4);
+    let d = bal.decide(&plan).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p.len(), 5);
+    assert!(
+        d.reason
+            .contains("1 rank(s) without data use the median model"),
+        "{}",
+        d.reason
+    );
+}
+
+#[test]
+fn proportional_uses_the_profile_and_memory_caps() {
+    let mut bal = balancer(Policy::Proportional, 235);
+    for (r, c) in C.iter().enumerate() {
+        let pts: Vec<(u32, f64)> = [1, 4, 16]
+            .iter()
+            .map(|&b| (b, 0.001 + c * f64::from(b)))
+            .collect();
+        bal.observe_profile(r, &pts, if r == 0 { 80 } else { 200 })
+            .expect("profile");
+    }
+    let d = bal.decide(&[]).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p[0], 80, "{p:?}"); // memory cap binds
+    assert_eq!(p.iter().sum::<u32>(), 235);
+    assert!(p[1] > p[2] && p[2] > p[3], "{p:?}");
+}
+
+#[test]
+fn static_is_the_equal_split() {
+    let mut bal = balancer(Policy::Static, 10);
+    assert_eq!(plan_of(&bal.decide(&[]).expect("decide")), vec![3, 3, 2, 2]);
+    feed(&mut bal, &[3, 3, 2, 2], &C, 20);
+    assert!(bal.decide(&[3, 3, 2, 2]).expect("decide").plan.is_none());
+    let d = bal.decide(&[4, 2, 2, 2]).expect("decide");
+    assert_eq!(plan_of(&d), vec![3, 3, 2, 2]);
+}
+
+#[test]
+fn seed_formula_moves_load_but_punishes_busy_ranks() {
+    let mut bal = balancer(Policy::SeedFormula, 235);
+    for (r, c) in C.iter().enumerate() {
+        bal.observe_compute_score(r, 1.0 / c).expect("score");
+    }
+    let p = plan_of(&bal.decide(&[]).expect("decide"));
+    assert_eq!(p, vec![100, 70, 40, 25]); // scores alone are proportional to speed
+    feed(&mut bal, &p, &C, 20);
+    bal.observe_utilisation(0, 1.0, 1.0).expect("util");
+    let d = bal.decide(&p).expect("decide");
+    let q = plan_of(&d);
+    assert!(q[0] < 90, "the busiest (fastest) rank loses load: {q:?}");
+}
+
+#[test]
+fn errors_are_typed_and_labelled() {
+    assert!(matches!(
+        Balancer::new(
+            BalancerConfig {
+                window: 0,
+                ..Default::default()
+            },
+            4
+        ),
+        Err(BalancerError::InvalidConfig(_))
+    ));
+    let mut bal = balancer(Policy::Dynamic, 3);
+    let e = bal.decide(&[]).expect_err("infeasible");
+    assert_eq!(
+        e,
+        BalancerError::BelowMinimum {
+            global: 3,
+            min_sum: 4,
+            ranks: 4
+        }
+    );
+    let mut bal = balancer(Policy::Proportional, 1000);
+    for r in 0..4 {
+        bal.observe_profile(r, &[(1, 0.1), (2, 0.2)], 100)
+            .expect("profile");
+    }
+    let e = bal.decide(&[]).expect_err("infeasible");
+    assert_eq!(e.metric_label(), "infeasible_above_caps");
+    assert!(
+        e.to_string().contains("1000") && e.to_string().contains("400"),
+        "{e}"
+    );
+    let e = bal.observe_step(9, 1, 1.0).expect_err("range");
+    assert_eq!(e.metric_label(), "rank_out_of_range");
+    for (b, t) in [
+        (0, 1.0),
+        (1, f64::NAN),
+        (1, -1.0),
+        (1, 0.0),
+        (1, f64::INFINITY),
+    ] {
+        assert_eq!(
+            bal.observe_step(0, b, t).map_err(|e| e.metric_label()),
+            Err("invalid_sample")
+        );
+    }
+    assert!(bal.observe_profile(0, &[(0, 1.0)], 10).is_err());
+    assert!(bal.observe_compute_score(0, f64::NAN).is_err());
+    assert!(Balancer::new(BalancerConfig::default(), 0)
+        .expect("config")
+        .decide(&[])
+        .is_err());
+}
+
+#[test]
+fn decisions_serialise_camel_case() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    let d = bal.decide(&[]).expect("decide");
+    let v = serde_json::to_value(&d).expect("json");
+    for key in [
+        "plan",
+        "predictedStepSeconds",
+        "currentPredictedStepSeconds",
+        "gainPercent",
+        "reason",
+        "policy",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing in {v}");
+    }
+    assert_eq!(v["policy"], "dynamic");
+}
+
+#[test]
+fn quality_of_the_latest_step() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    feed(&mut bal, &[100, 70, 40, 25], &C, 1);
+    assert!(bal.quality().cv_percent < 1e-9);
+    feed(&mut bal, &[59, 59, 59, 58], &C, 1);
+    assert_eq!(bal.quality().class.to_string(), "Poor");
+}

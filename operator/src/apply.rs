@@ -1,0 +1,82 @@
+//! Apply stage: server-side apply of the desired children under one field
+//! manager, and the deletes the lifecycle stage asked for.
+
+use heterotrain_crds::{BatchPlan, HeteroTrainingJob};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+
+use crate::build::{plan::plan_configmap, JobRef};
+use crate::error::{Error, Result};
+use crate::names::FIELD_MANAGER;
+
+/// Server-side apply parameters (forced: the operator owns these fields).
+pub fn ssa() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K, what: &'static str) -> Result<K>
+where
+    K: kube::Resource + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+    let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize { what, source })?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), K::api_version(&Default::default()).into());
+        map.insert("kind".into(), K::kind(&Default::default()).into());
+    }
+    Ok(api.patch(&name, &ssa(), &Patch::Apply(value)).await?)
+}
+
+/// Apply the headless Service.
+pub async fn service(client: &Client, ns: &str, svc: &Service) -> Result<()> {
+    apply(&Api::<Service>::namespaced(client.clone(), ns), svc, "Service").await?;
+    Ok(())
+}
+
+/// Apply a plan ConfigMap.
+pub async fn plan(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
+    apply(&Api::<ConfigMap>::namespaced(client.clone(), ns), cm, "ConfigMap").await?;
+    Ok(())
+}
+
+/// Write `plan` as the job's current plan.
+pub async fn write_plan(client: &Client, job: &HeteroTrainingJob, plan: &BatchPlan) -> Result<()> {
+    let r = JobRef::of(job)?;
+    self::plan(client, &r.namespace, &plan_configmap(&r, plan)).await
+}
+
+/// Create (apply) a rank pod.
+pub async fn pod(client: &Client, ns: &str, pod: &Pod) -> Result<()> {
+    apply(&Api::<Pod>::namespaced(client.clone(), ns), pod, "Pod").await?;
+    Ok(())
+}
+
+/// Delete pods by name; already-gone pods are fine.
+pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for name in names {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Delete the job (its children follow by garbage collection).
+pub async fn delete_job(client: &Client, job: &HeteroTrainingJob) -> Result<()> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    match api.delete(&job.name_any(), &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,212 @@
+//! Adapter between the operator and `heterotrain-balancer`: turns a job's
+//! `loadBalancing` into a balancer config, feeds it scraped [`RankMetrics`]
+//! and turns its decisions into [`BatchPlan`]s. Everything balancer-specific
+//! the operator touches is in this file.
+
+use heterotrain_balancer::{
+    Balancer, BalancerConfig, BalancerError, Policy, Quality,
+};
+use heterotrain_crds::{BalancePolicy, BatchPlan, HeteroTrainingJobSpec};
+
+use crate::scrape::{RankMetrics, RankProfile};
+
+/// The balancer policy for a job's policy.
+pub fn policy_of(p: BalancePolicy) -> Policy {
+    match p {
+        BalancePolicy::Static => Policy::Static,
+        BalancePolicy::Proportional => Policy::Proportional,
+        BalancePolicy::Dynamic => Policy::Dynamic,
+        BalancePolicy::Hybrid => Policy::Hybrid,
+    }
+}
+
+/// Balancer config from the job spec (`window`: live samples kept per rank).
+pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) -> BalancerConfig {
+    let lb = &spec.load_balancing;
+    BalancerConfig {
+        policy,
+        global_batch_size: spec.training.global_batch_size,
+        min_local_batch: lb.min_local_batch,
+        max_local_batch: lb.max_local_batch,
+        min_gain_percent: lb.min_gain_percent.min(100),
+        straggler_factor: (f64::from(lb.straggler_threshold_percent) / 100.0).max(1.01),
+        window: window.max(1),
+        ..BalancerConfig::default()
+    }
+}
+
+/// A plan the balancer wants written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewPlan {
+    pub batch_sizes: Vec<u32>,
+    pub reason: String,
+    pub gain_percent: f64,
+    pub predicted_step_seconds: f64,
+    pub policy: &'static str,
+}
+
+impl NewPlan {
+    /// As the next generation after `current`.
+    pub fn into_plan(self, current: &BatchPlan) -> BatchPlan {
+        BatchPlan {
+            generation: current.generation + 1,
+            global_batch_size: current.global_batch_size,
+            batch_sizes: self.batch_sizes,
+            policy: self.policy.to_string(),
+            reason: self.reason,
+            predicted_step_seconds: self
+                .predicted_step_seconds
+                .is_finite()
+                .then_some(self.predicted_step_seconds),
+        }
+    }
+}
+
+/// Outcome of one decision round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Round {
+    /// A new plan, or `None` to keep the current one.
+    pub plan: Option<NewPlan>,
+    /// Why (also when keeping).
+    pub reason: String,
+    pub gain_percent: f64,
+}
+
+/// A split from start-up profiles alone (proportional policy), e.g. for
+/// generation 0 from cached profiles. `None` when some rank has none or no
+/// feasible split exists.
+pub fn split_from_profiles(
+    spec: &HeteroTrainingJobSpec,
+    profiles: &[Option<RankProfile>],
+) -> Option<(Vec<u32>, String)> {
+    let world = spec.world_size() as usize;
+    if profiles.len() != world || profiles.iter().any(Option::is_none) {
+        return None;
+    }
+    let mut b = Balancer::new(config_of(spec, Policy::Proportional, 8), world).ok()?;
+    for (r, p) in profiles.iter().enumerate() {
+        let p = p.as_ref()?;
+        b.observe_profile(r, &p.points, p.max_batch).ok()?;
+    }
+    let d = b.decide(&[]).ok()?;
+    Some((d.plan?, "proportional split of the ranks' hardware profiles".into()))
+}
+
+/// Balancing state of one gang of one job.
+pub struct JobBalancer {
+    inner: Balancer,
+    spec: HeteroTrainingJobSpec,
+    window: usize,
+    profiles: Vec<Option<RankProfile>>,
+    last_counters: Vec<Option<(f64, f64)>>,
+    profile_plan_done: bool,
+}
+
+impl JobBalancer {
+    /// A balancer for the job's policy and world size.
+    pub fn new(spec: &HeteroTrainingJobSpec, window: usize) -> Result<JobBalancer, BalancerError> {
+        let world = spec.world_size() as usize;
+        let policy = policy_of(spec.load_balancing.policy);
+        Ok(JobBalancer {
+            inner: Balancer::new(config_of(spec, policy, window), world)?,
+            spec: spec.clone(),
+            window,
+            profiles: vec![None; world],
+            last_counters: vec![None; world],
+            profile_plan_done: false,
+        })
+    }
+
+    /// Feed one rank's scrape. Returns whether a new step sample was taken.
+    pub fn observe(&mut self, rank: usize, m: &RankMetrics) -> bool {
+        if let Some(p) = &m.profile {
+            if self.profiles.get(rank).is_some_and(Option::is_none)
+                && self.inner.observe_profile(rank, &p.points, p.max_batch).is_ok()
+            {
+                self.profiles[rank] = Some(p.clone());
+            }
+        }
+        let Some(batch) = m.local_batch.filter(|b| *b > 0) else {
+            return false;
+        };
+        let counters = m.steps_total.zip(m.compute_seconds_total);
+        let prev = self.last_counters.get(rank).copied().flatten();
+        let sample = match (prev, counters) {
+            (Some((s0, c0)), Some((s1, c1))) if s1 > s0 && c1 > c0 => Some((c1 - c0) / (s1 - s0)),
+            (Some(_), Some(_)) => None,
+            _ => m.last_step_compute_seconds.filter(|s| *s > 0.0),
+        };
+        if let (Some(slot), Some(c)) = (self.last_counters.get_mut(rank), counters) {
+            *slot = Some(c);
+        }
+        match sample {
+            Some(seconds) => self.inner.observe_step(rank, batch, seconds).is_ok(),
+            None => false,
+        }
+    }
+
+    /// The caller could not read `rank` this round.
+    pub fn missing(&mut self, rank: usize) {
+        let _ = self.inner.observe_missing(rank);
+    }
+
+    /// Whether every rank reported its profile.
+    pub fn all_profiled(&self) -> bool {
+        self.profiles.iter().all(Option::is_some)
+    }
+
+    /// Profiles reported so far, by rank.
+    pub fn profiles(&self) -> &[Option<RankProfile>] {
+        &self.profiles
+    }
+
+    /// Balance quality of the latest per-rank compute times.
+    pub fn quality(&self) -> Quality {
+        self.inner.quality()
+    }
+
+    /// Decide against the `current` plan. Profiles first: once every rank
+    /// reported one, a profile-based split is offered before live data counts.
+    pub fn decide(&mut self, current: &BatchPlan) -> Result<Round, BalancerError> {
+        let policy = policy_of(self.spec.load_balancing.policy);
+        if policy != Policy::Static && !self.profile_plan_done && self.all_profiled() {
+            self.profile_plan_done = true;
+            let mut prior = Balancer::new(
+                config_of(&self.spec, Policy::Proportional, self.window),
+                self.profiles.len(),
+            )?;
+            for (r, p) in self.profiles.iter().enumerate() {
+                if let Some(p) = p {
+                    prior.observe_profile(r, &p.points, p.max_batch)?;
+                }
+            }
+            let d = prior.decide(&current.batch_sizes)?;
+            if let Some(batches) = d.plan {
+                let reason = format!("profiles of all ranks: {}", d.reason);
+                return Ok(Round {
+                    plan: Some(NewPlan {
+                        batch_sizes: batches,
+                        reason: reason.clone(),
+                        gain_percent: d.gain_percent,
+                        predicted_step_seconds: d.predicted_step_seconds,
+                        policy: Policy::Proportional.as_str(),
+                    }),
+                    reason,
+                    gain_percent: d.gain_percent,
+                });
+            }
+        }
+        let d = self.inner.decide(&current.batch_sizes)?;
+        Ok(Round {
+            plan: d.plan.map(|batches| NewPlan {
+                batch_sizes: batches,
+                reason: d.reason.clone(),
+                gain_percent: d.gain_percent,
+                predicted_step_seconds: d.predicted_step_seconds,
+                policy: policy.as_str(),
+            }),
+            reason: d.reason,
+            gain_percent: d.gain_percent,
+        })
+    }
+}

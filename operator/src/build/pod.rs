@@ -1,0 +1,199 @@
+//! One rank's Pod `<job>-<rank>`: identity, placement, env, the trainer
+//! command, a restricted security context and the volumes it writes to.
+
+use std::collections::BTreeMap;
+
+use heterotrain_crds::metrics::env as envs;
+use heterotrain_crds::HeteroTrainingJob;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::args::{data_dir, trainer_args, TRAINER_BINARY};
+use super::hash::spec_hash;
+use super::{common_labels, BuildInputs, JobRef};
+use crate::error::{Error, Result};
+use crate::names::{self, labels};
+
+/// UID/GID the trainer runs as (non-root).
+pub const RUN_AS: i64 = 65532;
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: Some("v1".into()),
+                field_path: path.into(),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
+fn claim(name: &str, claim: &str, read_only: bool) -> Volume {
+    Volume {
+        name: name.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.into(),
+            read_only: read_only.then_some(true),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Pod of global `rank`, which belongs to `spec.workers[group]`.
+pub fn pod(
+    job: &HeteroTrainingJob,
+    r: &JobRef,
+    inputs: &BuildInputs,
+    rank: u32,
+    group: usize,
+) -> Result<Pod> {
+    let spec = &job.spec;
+    let g = spec
+        .workers
+        .get(group)
+        .ok_or(Error::Invalid(format!("rank {rank} has no worker group")))?;
+    let name = names::pod_name(&r.name, rank);
+    let mut pod_labels = common_labels(&r.name);
+    pod_labels.insert(labels::GROUP.into(), g.name.clone());
+    pod_labels.insert(labels::RANK.into(), rank.to_string());
+    pod_labels.insert(names::RESTART_LABEL.into(), inputs.restart_count.to_string());
+
+    let mut env_vars = vec![
+        env("RANK", rank.to_string()),
+        env("WORLD_SIZE", spec.world_size().to_string()),
+        env("LOCAL_RANK", "0"),
+        env("MASTER_ADDR", names::master_addr(&r.name, &r.namespace)),
+        env("MASTER_PORT", spec.master_port.to_string()),
+        env_field(envs::POD_IP, "status.podIP"),
+        env_field(envs::NAMESPACE, "metadata.namespace"),
+        env(envs::PLAN_CONFIGMAP, names::plan_configmap(&r.name)),
+        env(envs::RESTART_COUNT, inputs.restart_count.to_string()),
+        env("HOME", names::SCRATCH_DIR),
+        env("TMPDIR", names::SCRATCH_DIR),
+    ];
+    env_vars.extend(g.env.iter().cloned());
+
+    let mut volumes = vec![empty_dir("scratch")];
+    let mut mounts = vec![mount("scratch", names::SCRATCH_DIR, false)];
+    volumes.push(match &spec.checkpoint.claim_name {
+        Some(c) => claim("checkpoints", c, false),
+        None => empty_dir("checkpoints"),
+    });
+    mounts.push(mount("checkpoints", &spec.checkpoint.path, false));
+    if let (Some(c), Some(dir)) = (&spec.dataset.claim_name, data_dir(spec)) {
+        volumes.push(claim("data", c, true));
+        mounts.push(mount("data", &dir, true));
+    }
+
+    let port = |n: &str, p: u16| ContainerPort {
+        name: Some(n.into()),
+        container_port: i32::from(p),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let container = Container {
+        name: names::CONTAINER.into(),
+        image: Some(
+            g.image
+                .clone()
+                .or_else(|| spec.image.clone())
+                .unwrap_or_else(|| inputs.default_image.clone()),
+        ),
+        command: Some(vec![TRAINER_BINARY.into()]),
+        args: Some(trainer_args(spec, g)),
+        env: Some(env_vars),
+        ports: Some(vec![
+            port("metrics", spec.metrics_port),
+            port("rendezvous", spec.master_port),
+        ]),
+        resources: g.resources.clone(),
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(r.namespace.clone()),
+            labels: Some(pod_labels),
+            annotations: Some(BTreeMap::from([(
+                names::SPEC_HASH_ANNOTATION.to_string(),
+                spec_hash(spec),
+            )])),
+            owner_references: Some(vec![r.owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some(name),
+            subdomain: Some(names::service_name(&r.name)),
+            restart_policy: Some("Never".into()),
+            service_account_name: Some(
+                spec.service_account_name
+                    .clone()
+                    .unwrap_or_else(|| names::DEFAULT_SERVICE_ACCOUNT.into()),
+            ),
+            node_selector: (!g.node_selector.is_empty()).then(|| g.node_selector.clone()),
+            affinity: g.affinity.clone(),
+            tolerations: (!g.tolerations.is_empty()).then(|| g.tolerations.clone()),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(RUN_AS),
+                run_as_group: Some(RUN_AS),
+                fs_group: Some(RUN_AS),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            termination_grace_period_seconds: Some(30),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}

@@ -1,0 +1,120 @@
+//! Fetch stage: read a job's children (pods, plan ConfigMap) and reduce each
+//! pod to the facts the lifecycle stage decides on.
+
+use heterotrain_crds::{BatchPlan, PLAN_KEY};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::error::Result;
+use crate::names::{self, labels};
+
+/// Coarse pod phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+/// What the operator needs to know about one rank pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankPod {
+    pub name: String,
+    pub rank: Option<u32>,
+    /// Gang generation label.
+    pub restart: Option<u32>,
+    pub phase: Phase,
+    /// Being deleted.
+    pub deleting: bool,
+    pub pod_ip: Option<String>,
+    pub node_name: Option<String>,
+    /// Exit code, reason and message of the trainer container, once terminated.
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    /// The spec-hash annotation.
+    pub spec_hash: Option<String>,
+}
+
+impl RankPod {
+    /// Reduce a Pod to a RankPod.
+    pub fn from_pod(pod: &Pod) -> RankPod {
+        let labels = pod.labels();
+        let status = pod.status.as_ref();
+        let phase = match status.and_then(|s| s.phase.as_deref()) {
+            Some("Pending") | None => Phase::Pending,
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            Some(_) => Phase::Unknown,
+        };
+        let terminated = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == names::CONTAINER).or(cs.first()))
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref());
+        RankPod {
+            name: pod.name_any(),
+            rank: labels.get(labels::RANK).and_then(|r| r.parse().ok()),
+            restart: labels.get(names::RESTART_LABEL).and_then(|r| r.parse().ok()),
+            phase,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            pod_ip: status.and_then(|s| s.pod_ip.clone()).filter(|ip| !ip.is_empty()),
+            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            exit_code: terminated.map(|t| t.exit_code),
+            reason: terminated
+                .and_then(|t| t.reason.clone())
+                .or_else(|| status.and_then(|s| s.reason.clone())),
+            message: terminated
+                .and_then(|t| t.message.clone())
+                .or_else(|| status.and_then(|s| s.message.clone())),
+            spec_hash: pod
+                .annotations()
+                .get(names::SPEC_HASH_ANNOTATION)
+                .cloned(),
+        }
+    }
+}
+
+/// A job's children as they are now.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    pub pods: Vec<RankPod>,
+    /// The plan ConfigMap exists.
+    pub plan_exists: bool,
+    /// Its plan, when it parses (validity for the job is checked later).
+    pub plan: Option<BatchPlan>,
+    /// Generation found in the ConfigMap even when the plan is invalid.
+    pub plan_generation: Option<u64>,
+}
+
+/// Read pods (by job label) and the plan ConfigMap of `job` in `namespace`.
+pub async fn fetch(client: &Client, namespace: &str, job: &str) -> Result<Observed> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&names::job_selector(job)))
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let cm = cms.get_opt(&names::plan_configmap(job)).await?;
+    let text = cm
+        .as_ref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(PLAN_KEY).cloned());
+    let plan = text
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<BatchPlan>(t).ok());
+    let plan_generation = plan.as_ref().map(|p| p.generation).or_else(|| {
+        text.as_deref()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .and_then(|v| v.get("generation").and_then(serde_json::Value::as_u64))
+    });
+    Ok(Observed {
+        pods: list.items.iter().map(RankPod::from_pod).collect(),
+        plan_exists: cm.is_some(),
+        plan,
+        plan_generation,
+    })
+}

@@ -1,0 +1,375 @@
+//! Lifecycle stage (pure): from the job, its status and its observed pods,
+//! decide what happens to the gang next — create, wait, restart after a
+//! failure, give up, finish, suspend, expire — and which conditions and
+//! Events say so. No client, no clock (the caller passes `now`).
+
+use std::time::Duration;
+
+use heterotrain_crds::HeteroTrainingJob;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::build::hash::changed_sections;
+use crate::conditions::{self as cond, reasons, types, Desired};
+use crate::fetch::{Observed, Phase, RankPod};
+
+/// Summary phase for `kubectl get`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Suspended,
+}
+
+impl JobPhase {
+    /// As written in `status.phase`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            JobPhase::Pending => "Pending",
+            JobPhase::Running => "Running",
+            JobPhase::Succeeded => "Succeeded",
+            JobPhase::Failed => "Failed",
+            JobPhase::Suspended => "Suspended",
+        }
+    }
+}
+
+/// An Event to publish on the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+/// How `startTime` changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartTime {
+    Keep,
+    SetNow,
+    Clear,
+}
+
+/// What to do with the gang this reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub phase: JobPhase,
+    pub conditions: Vec<Desired>,
+    /// Pods to delete (by name).
+    pub delete_pods: Vec<String>,
+    /// Create the Service, the plan (if missing) and these ranks' pods.
+    pub create_ranks: Vec<u32>,
+    /// `status.restarts` after this decision.
+    pub restarts: u32,
+    pub start_time: StartTime,
+    /// Set `completionTime` (if not yet set).
+    pub complete: bool,
+    /// Delete the job itself (TTL after finishing).
+    pub delete_job: bool,
+    /// Reconcile again after this long at the latest.
+    pub requeue_after: Option<Duration>,
+    /// Every rank is running: read metrics and balance.
+    pub balance: bool,
+    pub events: Vec<EventSpec>,
+}
+
+impl Decision {
+    fn new(phase: JobPhase, restarts: u32) -> Decision {
+        Decision {
+            phase,
+            conditions: Vec::new(),
+            delete_pods: Vec::new(),
+            create_ranks: Vec::new(),
+            restarts,
+            start_time: StartTime::Keep,
+            complete: false,
+            delete_job: false,
+            requeue_after: None,
+            balance: false,
+            events: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, warning: bool, reason: &str, note: impl Into<String>) {
+        self.events.push(EventSpec {
+            warning,
+            reason: reason.into(),
+            note: note.into(),
+        });
+    }
+
+    fn requeue(&mut self, d: Duration) {
+        self.requeue_after = Some(self.requeue_after.map_or(d, |r| r.min(d)));
+    }
+}
+
+fn seconds_between(from: &Time, now: &Timestamp) -> f64 {
+    (now.as_millisecond() - from.0.as_millisecond()) as f64 / 1000.0
+}
+
+fn live(p: &RankPod) -> bool {
+    !p.deleting && matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown)
+}
+
+fn failure_text(p: &RankPod) -> String {
+    let rank = p.rank.map_or_else(|| "?".to_string(), |r| r.to_string());
+    let mut s = format!("rank {rank} (pod {})", p.name);
+    match (p.exit_code, p.phase) {
+        (Some(code), _) => s.push_str(&format!(" exited with code {code}")),
+        (None, Phase::Failed) => s.push_str(" failed"),
+        _ => s.push_str(" was lost"),
+    }
+    if let Some(r) = &p.reason {
+        s.push_str(&format!(", reason {r}"));
+    }
+    if let Some(m) = p.message.as_deref().filter(|m| !m.is_empty()) {
+        let m: String = m.chars().take(200).collect();
+        s.push_str(&format!(": {m}"));
+    }
+    s
+}
+
+/// Decide the next step for a job whose spec passed validation.
+pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decision {
+    let status = job.status.clone().unwrap_or_default();
+    let conds = &status.conditions;
+    let spec = &job.spec;
+    let rp = &spec.run_policy;
+    let restarts = status.restarts;
+    let world = spec.world_size();
+    let all_names: Vec<String> = obs
+        .pods
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.name.clone())
+        .collect();
+    let live_names: Vec<String> = obs
+        .pods
+        .iter()
+        .filter(|p| live(p))
+        .map(|p| p.name.clone())
+        .collect();
+
+    // Finished jobs stay finished; only clean-up and TTL remain.
+    let succeeded = cond::is_true(conds, types::SUCCEEDED);
+    let failed_for_good = cond::get(conds, types::FAILED)
+        .is_some_and(|c| c.status == "True" && c.reason != reasons::INVALID);
+    if succeeded || failed_for_good {
+        let mut d = Decision::new(
+            if succeeded { JobPhase::Succeeded } else { JobPhase::Failed },
+            restarts,
+        );
+        d.delete_pods = live_names;
+        d.complete = true;
+        if let Some(ttl) = rp.ttl_seconds_after_finished {
+            let done = status.completion_time.as_ref();
+            let elapsed = done.map_or(0.0, |t| seconds_between(t, now));
+            let left = f64::from(ttl) - elapsed;
+            if left <= 0.0 {
+                d.delete_job = true;
+                d.event(false, reasons::TTL_EXPIRED, format!("deleting the job {ttl}s after it finished"));
+            } else {
+                d.requeue(Duration::from_secs_f64(left.max(0.1)));
+            }
+        }
+        return d;
+    }
+
+    let mut d = Decision::new(JobPhase::Pending, restarts);
+    d.conditions.push(Desired::no(types::FAILED, reasons::SPEC_ACCEPTED, "the spec is valid"));
+
+    // Suspension: stop the pods, keep plan and checkpoints.
+    let was_suspended = cond::is_true(conds, types::SUSPENDED);
+    if rp.suspend {
+        d.phase = JobPhase::Suspended;
+        d.delete_pods = all_names;
+        d.start_time = StartTime::Clear;
+        let msg = "runPolicy.suspend is true: pods stopped; the plan and checkpoints are kept";
+        d.conditions.push(Desired::yes(types::SUSPENDED, reasons::SUSPENDED, msg));
+        d.conditions.push(Desired::no(types::RUNNING, reasons::SUSPENDED, "suspended"));
+        if !was_suspended {
+            d.event(false, reasons::SUSPENDED, msg);
+        }
+        return d;
+    }
+    if was_suspended {
+        let msg = "runPolicy.suspend is false: recreating the gang from the latest checkpoint";
+        d.conditions.push(Desired::no(types::SUSPENDED, reasons::RESUMED, msg));
+        d.event(false, reasons::RESUMED, msg);
+    }
+
+    // Deadline.
+    if let (Some(limit), Some(start)) = (rp.active_deadline_seconds, status.start_time.as_ref()) {
+        let left = limit as f64 - seconds_between(start, now);
+        if left <= 0.0 {
+            let msg = format!("the job ran longer than activeDeadlineSeconds {limit}");
+            d.phase = JobPhase::Failed;
+            d.delete_pods = all_names;
+            d.complete = true;
+            d.conditions
+                .push(Desired::yes(types::FAILED, reasons::DEADLINE_EXCEEDED, msg.clone()));
+            d.conditions
+                .push(Desired::no(types::RUNNING, reasons::DEADLINE_EXCEEDED, msg.clone()));
+            d.event(true, reasons::DEADLINE_EXCEEDED, msg);
+            return d;
+        }
+        d.requeue(Duration::from_secs_f64(left.max(0.1)));
+    }
+
+    // Pods of an older gang go first; their names are reused.
+    let (current, old): (Vec<&RankPod>, Vec<&RankPod>) =
+        obs.pods.iter().partition(|p| p.restart == Some(restarts));
+    if !old.is_empty() {
+        d.delete_pods = old.iter().filter(|p| !p.deleting).map(|p| p.name.clone()).collect();
+        d.conditions.push(Desired::no(
+            types::RUNNING,
+            reasons::GANG_RESTARTING,
+            format!("waiting for {} pod(s) of the previous gang to go away", old.len()),
+        ));
+        d.requeue(Duration::from_secs(1));
+        return d;
+    }
+    if current.iter().any(|p| p.deleting) {
+        d.requeue(Duration::from_secs(1));
+        return d;
+    }
+
+    // Immutable fields changed under a running gang: say so, keep running.
+    let changed: Vec<&str> = current
+        .iter()
+        .filter_map(|p| p.spec_hash.as_deref())
+        .flat_map(|h| changed_sections(h, spec))
+        .fold(Vec::new(), |mut acc, s| {
+            if !acc.contains(&s) {
+                acc.push(s);
+            }
+            acc
+        });
+    if !changed.is_empty() {
+        d.conditions.push(Desired::yes(
+            types::SPEC_CHANGE_REJECTED,
+            reasons::IMMUTABLE_FIELD_CHANGED,
+            format!(
+                "spec.{} changed while the gang runs; the running pods keep the old values. Revert the change, or delete and recreate the job to apply it",
+                changed.join(", spec.")
+            ),
+        ));
+    } else if cond::get(conds, types::SPEC_CHANGE_REJECTED).is_some() {
+        d.conditions.push(Desired::no(
+            types::SPEC_CHANGE_REJECTED,
+            reasons::SPEC_ACCEPTED,
+            "the running gang matches the spec",
+        ));
+    }
+
+    let by_rank = |r: u32| current.iter().find(|p| p.rank == Some(r));
+    let missing: Vec<u32> = (0..world).filter(|&r| by_rank(r).is_none()).collect();
+    let started = current
+        .iter()
+        .any(|p| matches!(p.phase, Phase::Running | Phase::Succeeded | Phase::Failed));
+    let failed = current
+        .iter()
+        .filter(|p| p.phase == Phase::Failed)
+        .min_by_key(|p| p.rank);
+
+    let failure = match (failed, missing.first()) {
+        (Some(p), _) => Some(failure_text(p)),
+        (None, Some(&r)) if started => Some(format!(
+            "rank {r} (pod {}) was lost (deleted or gone with its node)",
+            crate::names::pod_name(&job.metadata.name.clone().unwrap_or_default(), r)
+        )),
+        _ => None,
+    };
+    if let Some(why) = failure {
+        let still: Vec<String> = current.iter().filter(|p| live(p)).map(|p| p.name.clone()).collect();
+        if restarts < rp.backoff_limit {
+            d.restarts = restarts + 1;
+            d.delete_pods = current.iter().map(|p| p.name.clone()).collect();
+            let msg = format!(
+                "{why}; recreating the gang from the latest checkpoint (restart {} of backoffLimit {})",
+                restarts + 1,
+                rp.backoff_limit
+            );
+            d.conditions
+                .push(Desired::no(types::RUNNING, reasons::GANG_RESTARTING, msg.clone()));
+            d.event(true, reasons::GANG_RESTARTING, msg);
+            d.requeue(Duration::from_secs(1));
+        } else {
+            let msg = format!(
+                "{why}; backoffLimit {} reached after {restarts} restart(s)",
+                rp.backoff_limit
+            );
+            d.phase = JobPhase::Failed;
+            d.delete_pods = still;
+            d.complete = true;
+            d.conditions
+                .push(Desired::yes(types::FAILED, reasons::BACKOFF_LIMIT_EXCEEDED, msg.clone()));
+            d.conditions
+                .push(Desired::no(types::RUNNING, reasons::BACKOFF_LIMIT_EXCEEDED, msg.clone()));
+            d.event(true, reasons::BACKOFF_LIMIT_EXCEEDED, msg);
+        }
+        return d;
+    }
+
+    if !missing.is_empty() {
+        d.create_ranks = missing;
+        if status.start_time.is_none() {
+            d.start_time = StartTime::SetNow;
+        }
+        let msg = format!("created the Service, the plan and {world} rank pod(s)");
+        if !cond::is_true(conds, types::CREATED) {
+            d.event(false, reasons::GANG_CREATED, msg.clone());
+        }
+        d.conditions.push(Desired::yes(types::CREATED, reasons::GANG_CREATED, msg));
+        d.conditions.push(Desired::no(
+            types::RUNNING,
+            reasons::PODS_PENDING,
+            format!("0 of {world} ranks running"),
+        ));
+        return d;
+    }
+
+    let done = current.iter().filter(|p| p.phase == Phase::Succeeded).count() as u32;
+    if done == world {
+        let msg = format!("all {world} ranks exited 0");
+        d.phase = JobPhase::Succeeded;
+        d.complete = true;
+        d.conditions.push(Desired::yes(types::SUCCEEDED, reasons::ALL_RANKS_SUCCEEDED, msg.clone()));
+        d.conditions.push(Desired::no(types::RUNNING, reasons::ALL_RANKS_SUCCEEDED, msg.clone()));
+        d.event(false, reasons::ALL_RANKS_SUCCEEDED, msg);
+        if let Some(ttl) = rp.ttl_seconds_after_finished {
+            d.requeue(Duration::from_secs(u64::from(ttl).max(1)));
+        }
+        return d;
+    }
+    if status.start_time.is_none() {
+        d.start_time = StartTime::SetNow;
+    }
+    d.conditions.push(Desired::yes(
+        types::CREATED,
+        reasons::GANG_CREATED,
+        format!("created the Service, the plan and {world} rank pod(s)"),
+    ));
+    let running = current
+        .iter()
+        .filter(|p| matches!(p.phase, Phase::Running | Phase::Succeeded) && (p.phase == Phase::Succeeded || p.pod_ip.is_some()))
+        .count() as u32;
+    if running == world {
+        d.phase = JobPhase::Running;
+        d.balance = true;
+        d.conditions.push(Desired::yes(
+            types::RUNNING,
+            reasons::PODS_RUNNING,
+            format!("all {world} ranks running"),
+        ));
+    } else {
+        d.conditions.push(Desired::no(
+            types::RUNNING,
+            reasons::PODS_PENDING,
+            format!("{running} of {world} ranks running"),
+        ));
+    }
+    d
+}

@@ -1,0 +1,185 @@
+//! Status stage: fold the lifecycle decision and the balancing results into
+//! `status` (conditions first), and patch it only when it changed.
+
+use heterotrain_crds::{
+    BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
+    RebalanceStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch};
+use kube::{Client, ResourceExt};
+
+use crate::apply::ssa;
+use crate::conditions::{self, Desired};
+use crate::error::{Error, Result};
+use crate::fetch::{Observed, Phase};
+use crate::lifecycle::{Decision, StartTime};
+
+/// Balancing results for status (all optional: kept from before when absent).
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// The plan currently in the ConfigMap.
+    pub plan: Option<BatchPlan>,
+    /// Conditions from the balancing stage (Profiled, Rebalanced).
+    pub conditions: Vec<Desired>,
+    pub last_rebalance: Option<RebalanceStatus>,
+    pub balance: Option<BalanceStatus>,
+    pub cluster_samples_per_second: Option<f64>,
+    /// Samples per second per rank, when measured.
+    pub rank_samples_per_second: Vec<Option<f64>>,
+    pub step: Option<u64>,
+    pub epoch: Option<u32>,
+}
+
+/// Status for an invalid spec: `Failed` with reason `Invalid` and the message.
+pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrainingJobStatus {
+    let mut s = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
+    conditions::set(
+        &mut s.conditions,
+        Desired::yes(conditions::types::FAILED, conditions::reasons::INVALID, message),
+        generation,
+        now,
+    );
+    s.phase = Some("Failed".into());
+    s.observed_generation = generation;
+    s
+}
+
+/// Next status from the lifecycle `d`, the observed pods and balancing `x`.
+pub fn next(
+    job: &HeteroTrainingJob,
+    d: &Decision,
+    obs: &Observed,
+    x: &Extras,
+    now: &Time,
+) -> HeteroTrainingJobStatus {
+    let mut s = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
+    for c in d.conditions.iter().chain(&x.conditions) {
+        conditions::set(&mut s.conditions, c.clone(), generation, now);
+    }
+    s.phase = Some(d.phase.as_str().into());
+    s.observed_generation = generation;
+    s.ranks = job.spec.world_size();
+    s.restarts = d.restarts;
+    match d.start_time {
+        StartTime::Keep => {}
+        StartTime::SetNow => s.start_time = Some(now.clone()),
+        StartTime::Clear => s.start_time = None,
+    }
+    if d.complete {
+        if s.completion_time.is_none() {
+            s.completion_time = Some(now.clone());
+        }
+    } else {
+        s.completion_time = None;
+    }
+    if let Some(p) = &x.plan {
+        s.plan_generation = p.generation;
+    }
+    let mut rank = 0usize;
+    let plan = x.plan.as_ref();
+    s.groups = job
+        .spec
+        .workers
+        .iter()
+        .map(|g| {
+            let ranks: Vec<usize> = (rank..rank + g.replicas as usize).collect();
+            rank += g.replicas as usize;
+            let ready = ranks
+                .iter()
+                .filter(|&&r| {
+                    obs.pods.iter().any(|p| {
+                        p.rank == Some(r as u32)
+                            && p.restart == Some(d.restarts)
+                            && p.phase == Phase::Running
+                            && !p.deleting
+                    })
+                })
+                .count() as u32;
+            let sps: Vec<f64> = ranks
+                .iter()
+                .filter_map(|&r| x.rank_samples_per_second.get(r).copied().flatten())
+                .collect();
+            let old = job
+                .status
+                .as_ref()
+                .and_then(|s| s.groups.iter().find(|o| o.name == g.name));
+            GroupStatus {
+                name: g.name.clone(),
+                device: g.device,
+                replicas: g.replicas,
+                ready,
+                batch_sizes: plan
+                    .map(|p| ranks.iter().filter_map(|&r| p.batch_sizes.get(r).copied()).collect())
+                    .unwrap_or_default(),
+                samples_per_second: if sps.is_empty() {
+                    old.and_then(|o| o.samples_per_second)
+                } else {
+                    Some(round3(sps.iter().sum()))
+                },
+            }
+        })
+        .collect();
+    if let Some(v) = x.cluster_samples_per_second {
+        s.cluster_samples_per_second = Some(round3(v));
+    }
+    if let Some(v) = x.step {
+        s.step = v;
+    }
+    if let Some(v) = x.epoch {
+        s.epoch = v;
+    }
+    if let Some(b) = &x.balance {
+        s.balance = Some(BalanceStatus {
+            cv_percent: round3(b.cv_percent),
+            class: b.class.clone(),
+        });
+    }
+    if let Some(r) = &x.last_rebalance {
+        s.last_rebalance = Some(r.clone());
+    }
+    s
+}
+
+/// Round to 3 significant digits so measured figures do not churn status.
+pub fn round3(v: f64) -> f64 {
+    if !v.is_finite() || v == 0.0 {
+        return 0.0;
+    }
+    let mag = 10f64.powi(2 - v.abs().log10().floor() as i32);
+    (v * mag).round() / mag
+}
+
+/// Patch `status` when it differs from the job's current status.
+pub async fn patch_if_changed(
+    client: &Client,
+    job: &HeteroTrainingJob,
+    status: &HeteroTrainingJobStatus,
+) -> Result<bool> {
+    if job.status.as_ref() == Some(status) {
+        return Ok(false);
+    }
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
+    let body = serde_json::json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "status": status,
+    });
+    api.patch_status(&job.name_any(), &ssa(), &Patch::Apply(body)).await?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round3;
+
+    #[test]
+    fn rounds_to_three_digits() {
+        assert_eq!(round3(1234.5), 1230.0);
+        assert_eq!(round3(0.012345), 0.0123);
+        assert_eq!(round3(f64::NAN), 0.0);
+    }
+}

@@ -1,0 +1,302 @@
+//! Validation beyond the OpenAPI schema: rules that need several fields at
+//! once, or that the 1.20 API server cannot enforce (no CEL). Each problem
+//! names the field and says how to fix it. Never panics on any spec.
+
+use heterotrain_crds::{
+    Backend, DatasetName, Device, HeteroTrainingJobSpec, MetricsSource, ModelName,
+};
+
+use crate::build::args::quantity_to_threads;
+use crate::names;
+
+/// Most ranks one job may have.
+pub const MAX_RANKS: u32 = 4096;
+/// Env vars the operator sets itself; a group may not override them.
+pub const RESERVED_ENV: [&str; 9] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    heterotrain_crds::metrics::env::POD_IP,
+    heterotrain_crds::metrics::env::NAMESPACE,
+    heterotrain_crds::metrics::env::PLAN_CONFIGMAP,
+    heterotrain_crds::metrics::env::RESTART_COUNT,
+];
+
+/// One semantic problem of a spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// JSON path of the offending field, e.g. `spec.training.globalBatchSize`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// All problems as one message for a condition or Event.
+pub fn summary(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn is_dns1035_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+fn decimal(s: &str) -> Option<f64> {
+    s.trim().parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// Check `spec` of job `name`. `default_prometheus` is the operator's
+/// `--prometheus-url`, which satisfies `metricsSource: prometheus` jobs
+/// without their own URL.
+pub fn validate(
+    name: &str,
+    spec: &HeteroTrainingJobSpec,
+    default_prometheus: Option<&str>,
+) -> Result<(), Vec<Problem>> {
+    let mut p = Vec::new();
+    let mut bad = |field: &str, message: String| {
+        p.push(Problem {
+            field: field.to_string(),
+            message,
+        })
+    };
+
+    let ranks: u64 = spec.workers.iter().map(|g| u64::from(g.replicas)).sum();
+    let last_rank = ranks.saturating_sub(1);
+    if !is_dns1035_label(name) || name.len() + 1 + last_rank.to_string().len() > 63 {
+        bad(
+            "metadata.name",
+            format!(
+                "job name {name:?} must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter) short enough that pod hostname \"{}\" fits in 63 characters",
+                names::pod_name(name, last_rank.min(u64::from(u32::MAX)) as u32)
+            ),
+        );
+    }
+    if spec.workers.is_empty() {
+        bad("spec.workers", "at least one worker group is needed".into());
+    }
+    if ranks == 0 {
+        bad("spec.workers", "the job has no ranks; give a group replicas ≥ 1".into());
+    }
+    if ranks > u64::from(MAX_RANKS) {
+        bad(
+            "spec.workers",
+            format!("{ranks} ranks in total; at most {MAX_RANKS} are supported"),
+        );
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, g) in spec.workers.iter().enumerate() {
+        let f = |x: &str| format!("spec.workers[{i}].{x}");
+        if !seen.insert(g.name.as_str()) {
+            bad(
+                &f("name"),
+                format!("group name {:?} is used twice; group names must be unique", g.name),
+            );
+        }
+        if g.replicas == 0 {
+            bad(&f("replicas"), format!("group {:?} has 0 replicas", g.name));
+        }
+        let gpus = g.resources.as_ref().and_then(|r| {
+            r.limits
+                .as_ref()
+                .and_then(|l| l.get("nvidia.com/gpu"))
+                .or_else(|| r.requests.as_ref().and_then(|q| q.get("nvidia.com/gpu")))
+        });
+        match g.device {
+            Device::Cuda if gpus.is_none() => bad(
+                &f("resources"),
+                format!(
+                    "group {:?} trains on cuda but requests no GPU; add resources.limits.\"nvidia.com/gpu\": 1",
+                    g.name
+                ),
+            ),
+            Device::Cpu if gpus.is_some() => bad(
+                &f("device"),
+                format!(
+                    "group {:?} requests nvidia.com/gpu but trains on cpu; set device: cuda or drop the GPU request",
+                    g.name
+                ),
+            ),
+            _ => {}
+        }
+        if let Some(cpu) = g
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("cpu"))
+        {
+            if quantity_to_threads(&cpu.0).is_none() {
+                bad(
+                    &f("resources.limits.cpu"),
+                    format!("cpu limit {:?} is not a valid quantity", cpu.0),
+                );
+            }
+        }
+        for e in &g.env {
+            if RESERVED_ENV.contains(&e.name.as_str()) {
+                bad(
+                    &f("env"),
+                    format!("{} is set by the operator and cannot be overridden", e.name),
+                );
+            }
+        }
+    }
+    if spec.backend == Backend::Nccl {
+        for g in spec.workers.iter().filter(|g| g.device == Device::Cpu) {
+            bad(
+                "spec.backend",
+                format!(
+                    "backend nccl needs every rank on cuda, but group {:?} is cpu; use backend gloo or auto",
+                    g.name
+                ),
+            );
+        }
+    }
+
+    let lb = &spec.load_balancing;
+    let t = &spec.training;
+    let min_sum = ranks * u64::from(lb.min_local_batch);
+    if u64::from(t.global_batch_size) < min_sum {
+        bad(
+            "spec.training.globalBatchSize",
+            format!(
+                "global batch {} is below {ranks} ranks × minLocalBatch {} = {min_sum}; raise globalBatchSize or lower minLocalBatch/replicas",
+                t.global_batch_size, lb.min_local_batch
+            ),
+        );
+    }
+    if let Some(max) = lb.max_local_batch {
+        if max < lb.min_local_batch {
+            bad(
+                "spec.loadBalancing.maxLocalBatch",
+                format!("maxLocalBatch {max} is below minLocalBatch {}", lb.min_local_batch),
+            );
+        }
+        let cap_sum = ranks * u64::from(max);
+        if ranks > 0 && cap_sum < u64::from(t.global_batch_size) {
+            bad(
+                "spec.loadBalancing.maxLocalBatch",
+                format!(
+                    "{ranks} ranks × maxLocalBatch {max} = {cap_sum} cannot hold global batch {}; raise maxLocalBatch or add ranks",
+                    t.global_batch_size
+                ),
+            );
+        }
+    }
+    if lb.metrics_source == MetricsSource::Prometheus
+        && lb.prometheus_url.is_none()
+        && default_prometheus.is_none()
+    {
+        bad(
+            "spec.loadBalancing.prometheusUrl",
+            "metricsSource prometheus needs prometheusUrl (or the operator's --prometheus-url)".into(),
+        );
+    }
+    if t.epochs.is_none() && t.max_steps.is_none() {
+        bad(
+            "spec.training",
+            "set epochs or maxSteps, or training never ends".into(),
+        );
+    }
+    match decimal(&t.learning_rate) {
+        Some(lr) if lr > 0.0 => {}
+        _ => bad(
+            "spec.training.learningRate",
+            format!("learning rate {:?} must be a number > 0", t.learning_rate),
+        ),
+    }
+    if let Some(m) = &t.momentum {
+        match decimal(m) {
+            Some(v) if (0.0..1.0).contains(&v) => {}
+            _ => bad(
+                "spec.training.momentum",
+                format!("momentum {m:?} must be in [0, 1)"),
+            ),
+        }
+    }
+    if let Some(w) = &t.weight_decay {
+        if decimal(w).is_none() {
+            bad("spec.training.weightDecay", format!("weight decay {w:?} is not a number"));
+        }
+    }
+    let text_model = spec.model.name == ModelName::Gpt;
+    let text_data = spec.dataset.name == DatasetName::SyntheticText;
+    if text_model != text_data {
+        bad(
+            "spec.dataset.name",
+            format!(
+                "model {} needs {} data, but dataset is {}",
+                spec.model.name.as_str(),
+                if text_model { "token (synthetic_text)" } else { "image" },
+                spec.dataset.name.as_str()
+            ),
+        );
+    }
+    if let (Some(h), Some(heads)) = (spec.model.hidden, spec.model.heads) {
+        if text_model && h % heads != 0 {
+            bad(
+                "spec.model.heads",
+                format!("hidden width {h} is not divisible by {heads} heads"),
+            );
+        }
+    }
+    if matches!(spec.dataset.name, DatasetName::Cifar10 | DatasetName::Mnist)
+        && spec.dataset.path.is_none()
+        && spec.dataset.claim_name.is_none()
+    {
+        bad(
+            "spec.dataset",
+            format!(
+                "dataset {} is read from files: set path (and claimName to mount a volume)",
+                spec.dataset.name.as_str()
+            ),
+        );
+    }
+    if let Some(path) = &spec.dataset.path {
+        if !path.starts_with('/') {
+            bad("spec.dataset.path", format!("{path:?} must be an absolute path"));
+        }
+    }
+    if !spec.checkpoint.path.starts_with('/') || spec.checkpoint.path == "/" {
+        bad(
+            "spec.checkpoint.path",
+            format!("{:?} must be an absolute directory other than /", spec.checkpoint.path),
+        );
+    }
+    if spec.profiling.probe_batch_sizes.contains(&0) {
+        bad(
+            "spec.profiling.probeBatchSizes",
+            "probe batch sizes must be ≥ 1".into(),
+        );
+    }
+    if spec.master_port == spec.metrics_port {
+        bad(
+            "spec.metricsPort",
+            format!(
+                "metricsPort {} is also masterPort; use two different ports",
+                spec.metrics_port
+            ),
+        );
+    }
+    if p.is_empty() {
+        Ok(())
+    } else {
+        Err(p)
+    }
+}

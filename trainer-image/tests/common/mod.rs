@@ -1,0 +1,212 @@
+//! Helpers for the integration tests: launch real trainer processes (one
+//! per rank) on free loopback ports, read their logs and weights.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tch::Tensor;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_heterotrain-trainer");
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A command for one rank of a `world`-rank job.
+pub fn rank_cmd(rank: usize, world: usize, port: u16, args: &[String]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("train")
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Start every rank.
+pub fn spawn_ranks(world: usize, args: &[String]) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
+        .map(|r| {
+            rank_cmd(r, world, port, args)
+                .spawn()
+                .expect("spawn trainer")
+        })
+        .collect()
+}
+
+/// Wait for every rank (killing all after `limit`).
+pub fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<Output> {
+    let start = Instant::now();
+    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    loop {
+        let done = children.iter_mut().all(|c| {
+            c.as_mut()
+                .map(|c| c.try_wait().ok().flatten().is_some())
+                .unwrap_or(true)
+        });
+        if done || start.elapsed() > limit {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children
+        .iter_mut()
+        .map(|c| {
+            let mut c = c.take().expect("child");
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+            }
+            c.wait_with_output().expect("output")
+        })
+        .collect()
+}
+
+/// Run a job to the end and require every rank to succeed.
+pub fn run_ok(world: usize, args: &[String]) -> Vec<Output> {
+    let outs = wait_all(spawn_ranks(world, args), Duration::from_secs(240));
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {r} failed ({:?}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    outs
+}
+
+pub fn args(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+pub fn path_arg(flag: &str, p: &Path) -> Vec<String> {
+    vec![flag.to_string(), p.display().to_string()]
+}
+
+/// Named tensors of a safetensors file.
+pub fn load_weights(p: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .into_iter()
+        .collect()
+}
+
+/// Largest absolute difference over all parameters (same names required).
+pub fn max_abs_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
+    assert_eq!(
+        {
+            let mut k: Vec<_> = a.keys().collect();
+            k.sort();
+            k
+        },
+        {
+            let mut k: Vec<_> = b.keys().collect();
+            k.sort();
+            k
+        }
+    );
+    a.iter()
+        .map(|(n, t)| (t - &b[n]).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+/// JSON records of a rank's log.
+pub fn log_records(dir: &Path, rank: usize) -> Vec<serde_json::Value> {
+    let p = dir.join(format!("rank-{rank}.jsonl"));
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+pub fn steps(records: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    records.iter().filter(|r| r["event"] == "step").collect()
+}
+
+pub fn write_plan(path: &Path, generation: u64, sizes: &[u32]) {
+    let global: u32 = sizes.iter().sum();
+    let text = serde_json::json!({
+        "generation": generation,
+        "globalBatchSize": global,
+        "batchSizes": sizes,
+        "policy": "test",
+        "reason": "test"
+    })
+    .to_string();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write plan");
+    std::fs::rename(&tmp, path).expect("rename plan");
+}
+
+/// Python with torch/sklearn: $HETEROTRAIN_PYTHON or the project venv.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("HETEROTRAIN_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").expect("HOME");
+    PathBuf::from(home).join(".cache/heterotrain/venv/bin/python")
+}
+
+/// The digits as MNIST IDX files (made once per test process, in a temp dir).
+pub fn digits_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("heterotrain-digits-{}", std::process::id()));
+    if dir.join("t10k-labels-idx1-ubyte").exists() {
+        return dir;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/digits_to_idx.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("run python (set HETEROTRAIN_PYTHON)");
+    assert!(
+        out.status.success(),
+        "digits_to_idx.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Poll until `f` holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Highest step logged by a rank so far (0 if none).
+pub fn last_step(dir: &Path, rank: usize) -> u64 {
+    let p = dir.join(format!("rank-{rank}.jsonl"));
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["event"] == "step")
+        .filter_map(|r| r["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Replace the value of `flag` in an argument list.
+pub fn set_flag(a: &mut [String], flag: &str, value: &str) {
+    let i = a.iter().position(|x| x == flag).expect("flag present");
+    a[i + 1] = value.to_string();
+}
