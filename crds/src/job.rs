@@ -3,6 +3,10 @@
 //! operator reports back. The CRD YAML is generated from these types
 //! (`make crds`); `///` docs become `kubectl explain` text.
 
+// Printer columns repeat `type_ = ...` by design; clippy reads that as a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
@@ -42,7 +46,11 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     ),
     printcolumn(name = "Plan", type_ = "integer", json_path = ".status.planGeneration"),
     printcolumn(name = "Step", type_ = "integer", json_path = ".status.step"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HeteroTrainingJobSpec {
@@ -95,7 +103,10 @@ pub struct HeteroTrainingJobSpec {
 pub struct WorkerGroup {
     /// Group name (a DNS label), unique within the job; becomes the pod label
     /// `heterotrain.dev/group`.
-    #[schemars(length(min = 1, max = 40), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Number of ranks in this group.
     #[schemars(range(min = 1, max = 1024))]

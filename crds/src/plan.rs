@@ -152,10 +152,22 @@ mod tests {
     fn refuses_bad_plans() {
         let bad = [
             ("garbage", "parse"),
-            (r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,16,0]}"#, "zero_batch"),
-            (r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,16]}"#, "wrong_length"),
-            (r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,8,7]}"#, "wrong_sum"),
-            (r#"{"generation":-1,"globalBatchSize":32,"batchSizes":[16,8,8]}"#, "parse"),
+            (
+                r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,16,0]}"#,
+                "zero_batch",
+            ),
+            (
+                r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,16]}"#,
+                "wrong_length",
+            ),
+            (
+                r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,8,7]}"#,
+                "wrong_sum",
+            ),
+            (
+                r#"{"generation":-1,"globalBatchSize":32,"batchSizes":[16,8,8]}"#,
+                "parse",
+            ),
         ];
         for (text, label) in bad {
             let err = BatchPlan::parse(text, 3).unwrap_err();

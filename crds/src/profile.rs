@@ -166,7 +166,10 @@ mod tests {
     fn refuses_nonsense() {
         let mut p = sample();
         p.per_sample_seconds = f64::NAN;
-        assert!(matches!(p.validate(), Err(ProfileError::NotPositive { .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(ProfileError::NotPositive { .. })
+        ));
         let mut p = sample();
         p.points.clear();
         assert_eq!(p.validate(), Err(ProfileError::NoPoints));

@@ -103,8 +103,8 @@ fn wait_port(port: u16, timeout: Duration) -> bool {
 
 /// The last lines of a component's log, for error messages.
 fn log_tail(dir: &Path, name: &str) -> String {
-    let text = std::fs::read_to_string(dir.join("logs").join(format!("{name}.log")))
-        .unwrap_or_default();
+    let text =
+        std::fs::read_to_string(dir.join("logs").join(format!("{name}.log"))).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
@@ -155,7 +155,10 @@ impl LocalCluster {
             admin_token,
             components: Mutex::new(Vec::new()),
         };
-        std::fs::write(cluster.kubeconfig_path(), cluster.kubeconfig_yaml(&cluster.admin_token))?;
+        std::fs::write(
+            cluster.kubeconfig_path(),
+            cluster.kubeconfig_yaml(&cluster.admin_token),
+        )?;
         let say = |m: &str| {
             if opts.verbose {
                 eprintln!("==> {m}");
@@ -170,7 +173,10 @@ impl LocalCluster {
                 log_tail(&cluster.state_dir, "etcd")
             );
         }
-        say(&format!("starting kube-apiserver on https://127.0.0.1:{}", ports.apiserver));
+        say(&format!(
+            "starting kube-apiserver on https://127.0.0.1:{}",
+            ports.apiserver
+        ));
         cluster.spawn_apiserver()?;
         cluster.wait_apiserver(Duration::from_secs(90)).await?;
         say("starting kube-scheduler and kube-controller-manager");
@@ -208,12 +214,20 @@ impl LocalCluster {
 
     /// A kubeconfig document authenticating with `token`.
     pub fn kubeconfig_yaml(&self, token: &str) -> String {
+        (self.kubeconfig_renderer())(token)
+    }
+
+    /// A function rendering kubeconfigs for tokens, detached from `self`
+    /// (for the node simulator, which writes one per pod).
+    pub fn kubeconfig_renderer(&self) -> impl Fn(&str) -> String + Send + Sync + 'static {
         let ca = std::fs::read(self.ca_path()).unwrap_or_default();
         let ca_b64 = base64_encode(&ca);
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: heterotrain-local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: heterotrain-local\n  context:\n    cluster: heterotrain-local\n    user: user\ncurrent-context: heterotrain-local\n",
-            self.server_url()
-        )
+        let server = self.server_url();
+        move |token: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: heterotrain-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: heterotrain-local\n  context:\n    cluster: heterotrain-local\n    user: user\ncurrent-context: heterotrain-local\n"
+            )
+        }
     }
 
     /// A client authenticating as the admin.
@@ -224,7 +238,8 @@ impl LocalCluster {
     /// A client authenticating with `token` (e.g. a ServiceAccount token, so RBAC applies).
     pub async fn client_for_token(&self, token: &str) -> Result<Client> {
         let kc = Kubeconfig::from_yaml(&self.kubeconfig_yaml(token))?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
         Ok(Client::try_from(config)?)
     }
 
@@ -256,8 +271,14 @@ impl LocalCluster {
                 format!("--listen-client-urls=http://127.0.0.1:{}", p.etcd_client),
                 format!("--advertise-client-urls=http://127.0.0.1:{}", p.etcd_client),
                 format!("--listen-peer-urls=http://127.0.0.1:{}", p.etcd_peer),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", p.etcd_peer),
-                format!("--initial-cluster=heterotrain=http://127.0.0.1:{}", p.etcd_peer),
+                format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
+                format!(
+                    "--initial-cluster=heterotrain=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
                 "--log-level=warn".into(),
             ],
         )
@@ -305,7 +326,10 @@ impl LocalCluster {
                 format!("--secure-port={}", self.ports.scheduler),
                 "--port=0".into(),
                 "--leader-elect=false".into(),
-                format!("--cert-dir={}", self.state_dir.join("pki/scheduler-certs").display()),
+                format!(
+                    "--cert-dir={}",
+                    self.state_dir.join("pki/scheduler-certs").display()
+                ),
                 "--v=1".into(),
             ],
         )
@@ -326,7 +350,10 @@ impl LocalCluster {
                 "--port=0".into(),
                 "--leader-elect=false".into(),
                 "--controllers=*,-nodelifecycle,-csrsigning,-nodeipam".into(),
-                format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ),
                 format!("--root-ca-file={}", pki.join("ca.crt").display()),
                 format!("--cert-dir={}", pki.join("cm-certs").display()),
                 "--v=1".into(),
@@ -339,9 +366,7 @@ impl LocalCluster {
         let client = self.client().await?;
         loop {
             let ready = client
-                .request_text(
-                    http_get("/readyz").map_err(|e| anyhow!("building request: {e}"))?,
-                )
+                .request_text(http_get("/readyz").map_err(|e| anyhow!("building request: {e}"))?)
                 .await;
             if matches!(&ready, Ok(body) if body.trim() == "ok") {
                 return Ok(());
@@ -399,7 +424,11 @@ impl LocalCluster {
     pub fn pids(&self) -> Vec<(String, u32)> {
         self.components
             .lock()
-            .map(|c| c.iter().map(|c| (c.name.to_string(), c.child.id())).collect())
+            .map(|c| {
+                c.iter()
+                    .map(|c| (c.name.to_string(), c.child.id()))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -449,12 +478,24 @@ pub fn base64_encode(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         out.push(T[(n >> 18) as usize & 63] as char);
         out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
-        out.push(if chunk.len() > 2 { T[n as usize & 63] as char } else { '=' });
+        out.push(if chunk.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
     }
     out
 }
@@ -465,7 +506,13 @@ mod tests {
 
     #[test]
     fn base64_matches_rfc4648_vectors() {
-        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
             assert_eq!(base64_encode(i.as_bytes()), o);
         }
     }

@@ -33,14 +33,33 @@ pub fn ensure_pki(dir: &Path) -> Result<()> {
     openssl(
         dir,
         &[
-            "req", "-x509", "-new", "-nodes", "-key", "ca.key", "-subj",
-            "/CN=heterotrain-local-ca", "-days", "3650", "-out", "ca.crt",
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=heterotrain-local-ca",
+            "-days",
+            "3650",
+            "-out",
+            "ca.crt",
         ],
     )?;
     openssl(dir, &["genrsa", "-out", "server.key", "2048"])?;
     openssl(
         dir,
-        &["req", "-new", "-key", "server.key", "-subj", "/CN=kube-apiserver", "-out", "server.csr"],
+        &[
+            "req",
+            "-new",
+            "-key",
+            "server.key",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-out",
+            "server.csr",
+        ],
     )?;
     std::fs::write(
         dir.join("server.ext"),
@@ -51,8 +70,21 @@ pub fn ensure_pki(dir: &Path) -> Result<()> {
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.crt", "-days", "3650", "-extfile", "server.ext",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "3650",
+            "-extfile",
+            "server.ext",
         ],
     )?;
     openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;

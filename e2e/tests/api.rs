@@ -11,9 +11,18 @@ use kube::discovery::ApiResource;
 
 const EXAMPLES: &[(&str, &str)] = &[
     ("quickstart", include_str!("../../examples/quickstart.yaml")),
-    ("hybrid-4node", include_str!("../../examples/hybrid-4node.yaml")),
-    ("all-gpu-3node", include_str!("../../examples/all-gpu-3node.yaml")),
-    ("cpu-only-2node", include_str!("../../examples/cpu-only-2node.yaml")),
+    (
+        "hybrid-4node",
+        include_str!("../../examples/hybrid-4node.yaml"),
+    ),
+    (
+        "all-gpu-3node",
+        include_str!("../../examples/all-gpu-3node.yaml"),
+    ),
+    (
+        "cpu-only-2node",
+        include_str!("../../examples/cpu-only-2node.yaml"),
+    ),
 ];
 
 const VALID: &str = r#"
@@ -32,22 +41,86 @@ spec:
 fn invalid_cases() -> Vec<(&'static str, serde_json::Value, &'static str)> {
     use serde_json::json;
     vec![
-        ("no-workers", json!({"spec": {"workers": []}}), "spec.workers"),
-        ("zero-replicas", json!({"spec": {"workers": [{"name": "cpu", "replicas": 0}]}}), "spec.workers[0].replicas"),
-        ("bad-device", json!({"spec": {"workers": [{"name": "cpu", "replicas": 1, "device": "tpu"}]}}), "spec.workers[0].device"),
-        ("bad-group-name", json!({"spec": {"workers": [{"name": "GPU_A", "replicas": 1}]}}), "spec.workers[0].name"),
-        ("bad-model", json!({"spec": {"model": {"name": "vgg"}}}), "spec.model.name"),
-        ("zero-batch", json!({"spec": {"training": {"globalBatchSize": 0}}}), "spec.training.globalBatchSize"),
-        ("bad-lr", json!({"spec": {"training": {"globalBatchSize": 32, "learningRate": "fast"}}}), "spec.training.learningRate"),
-        ("bad-policy", json!({"spec": {"loadBalancing": {"policy": "greedy"}}}), "spec.loadBalancing.policy"),
-        ("gain-over-100", json!({"spec": {"loadBalancing": {"minGainPercent": 150}}}), "spec.loadBalancing.minGainPercent"),
-        ("straggler-below-100", json!({"spec": {"loadBalancing": {"stragglerThresholdPercent": 50}}}), "spec.loadBalancing.stragglerThresholdPercent"),
-        ("bad-backend", json!({"spec": {"backend": "mpi"}}), "spec.backend"),
-        ("bad-metrics-source", json!({"spec": {"loadBalancing": {"metricsSource": "statsd"}}}), "spec.loadBalancing.metricsSource"),
-        ("bad-prometheus-url", json!({"spec": {"loadBalancing": {"prometheusUrl": "prom:9090"}}}), "spec.loadBalancing.prometheusUrl"),
-        ("privileged-port", json!({"spec": {"metricsPort": 80}}), "spec.metricsPort"),
-        ("no-training", json!({"spec": {"training": null}}), "spec.training"),
-        ("bad-dataset", json!({"spec": {"dataset": {"name": "imagenet"}}}), "spec.dataset.name"),
+        (
+            "no-workers",
+            json!({"spec": {"workers": []}}),
+            "spec.workers",
+        ),
+        (
+            "zero-replicas",
+            json!({"spec": {"workers": [{"name": "cpu", "replicas": 0}]}}),
+            "spec.workers.replicas",
+        ),
+        (
+            "bad-device",
+            json!({"spec": {"workers": [{"name": "cpu", "replicas": 1, "device": "tpu"}]}}),
+            "spec.workers.device",
+        ),
+        (
+            "bad-group-name",
+            json!({"spec": {"workers": [{"name": "GPU_A", "replicas": 1}]}}),
+            "spec.workers.name",
+        ),
+        (
+            "bad-model",
+            json!({"spec": {"model": {"name": "vgg"}}}),
+            "spec.model.name",
+        ),
+        (
+            "zero-batch",
+            json!({"spec": {"training": {"globalBatchSize": 0}}}),
+            "spec.training.globalBatchSize",
+        ),
+        (
+            "bad-lr",
+            json!({"spec": {"training": {"globalBatchSize": 32, "learningRate": "fast"}}}),
+            "spec.training.learningRate",
+        ),
+        (
+            "bad-policy",
+            json!({"spec": {"loadBalancing": {"policy": "greedy"}}}),
+            "spec.loadBalancing.policy",
+        ),
+        (
+            "gain-over-100",
+            json!({"spec": {"loadBalancing": {"minGainPercent": 150}}}),
+            "spec.loadBalancing.minGainPercent",
+        ),
+        (
+            "straggler-below-100",
+            json!({"spec": {"loadBalancing": {"stragglerThresholdPercent": 50}}}),
+            "spec.loadBalancing.stragglerThresholdPercent",
+        ),
+        (
+            "bad-backend",
+            json!({"spec": {"backend": "mpi"}}),
+            "spec.backend",
+        ),
+        (
+            "bad-metrics-source",
+            json!({"spec": {"loadBalancing": {"metricsSource": "statsd"}}}),
+            "spec.loadBalancing.metricsSource",
+        ),
+        (
+            "bad-prometheus-url",
+            json!({"spec": {"loadBalancing": {"prometheusUrl": "prom:9090"}}}),
+            "spec.loadBalancing.prometheusUrl",
+        ),
+        (
+            "privileged-port",
+            json!({"spec": {"metricsPort": 80}}),
+            "spec.metricsPort",
+        ),
+        (
+            "no-training",
+            json!({"spec": {"training": null}}),
+            "spec.training",
+        ),
+        (
+            "bad-dataset",
+            json!({"spec": {"dataset": {"name": "imagenet"}}}),
+            "spec.dataset.name",
+        ),
     ]
 }
 
@@ -91,7 +164,11 @@ async fn crd_examples_and_invalid_jobs() {
             .await
             .unwrap_or_else(|e| panic!("example {name} refused: {e:?}"));
         let back = typed.get(name).await.expect("read back");
-        assert!(back.spec.world_size() >= 2, "{name}: {:?}", back.spec.workers);
+        assert!(
+            back.spec.world_size() >= 2,
+            "{name}: {:?}",
+            back.spec.workers
+        );
     }
     // Defaults from the schema are applied by the API server.
     let qs = typed.get("quickstart").await.unwrap();

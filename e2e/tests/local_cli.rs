@@ -20,7 +20,11 @@ fn alive(pid: i32) -> bool {
 fn up_env_status_down() {
     let name = format!("cli-test-{}", std::process::id());
     let up = local(&name, &["up"]);
-    assert!(up.status.success(), "up failed: {}", String::from_utf8_lossy(&up.stderr));
+    assert!(
+        up.status.success(),
+        "up failed: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
     let stdout = String::from_utf8_lossy(&up.stdout).to_string();
     let kubeconfig = stdout
         .lines()
@@ -39,7 +43,11 @@ fn up_env_status_down() {
         .output();
     if let Ok(ns) = ns {
         let text = String::from_utf8_lossy(&ns.stdout);
-        assert!(ns.status.success(), "kubectl failed: {}", String::from_utf8_lossy(&ns.stderr));
+        assert!(
+            ns.status.success(),
+            "kubectl failed: {}",
+            String::from_utf8_lossy(&ns.stderr)
+        );
         assert!(text.contains("namespace/kube-system"), "{text}");
     }
 
@@ -64,5 +72,8 @@ fn up_env_status_down() {
         assert!(!alive(pid), "process {pid} survived `down`");
     }
     let env = local(&name, &["env"]);
-    assert!(!env.status.success(), "env should fail once the cluster is down");
+    assert!(
+        !env.status.success(),
+        "env should fail once the cluster is down"
+    );
 }

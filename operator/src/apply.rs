@@ -18,13 +18,13 @@ pub fn ssa() -> PatchParams {
 
 async fn apply<K>(api: &Api<K>, obj: &K, what: &'static str) -> Result<K>
 where
-    K: kube::Resource + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
     let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize { what, source })?;
     if let Some(map) = value.as_object_mut() {
-        map.insert("apiVersion".into(), K::api_version(&Default::default()).into());
-        map.insert("kind".into(), K::kind(&Default::default()).into());
+        map.insert("apiVersion".into(), K::api_version(&()).into());
+        map.insert("kind".into(), K::kind(&()).into());
     }
     Ok(api.patch(&name, &ssa(), &Patch::Apply(value)).await?)
 }

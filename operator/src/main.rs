@@ -1,1 +1,110 @@
-fn main() {}
+//! `heterotrain-operator`: parses flags, builds a context, runs the
+//! controller (with leader election) and the metrics/health server.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use heterotrain_operator::config::MetricsSourceMode;
+use heterotrain_operator::metrics::Metrics;
+use heterotrain_operator::{rbac, server, Context, OperatorConfig};
+use tracing_subscriber::EnvFilter;
+
+/// HeteroTrain operator: reconciles HeteroTrainingJobs into self-balancing,
+/// self-healing gangs of trainer pods.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    /// Trainer image for jobs without their own.
+    #[arg(long, env = "HETEROTRAIN_TRAINER_IMAGE", default_value = "ghcr.io/heterotrain/trainer:latest")]
+    trainer_image: String,
+    /// Where live metrics come from: `job` (each job's metricsSource), `pods`, `prometheus`.
+    #[arg(long, env = "HETEROTRAIN_METRICS_SOURCE", value_enum, default_value = "job")]
+    metrics_source: MetricsSourceMode,
+    /// Prometheus base URL for jobs that use Prometheus without their own prometheusUrl.
+    #[arg(long, env = "HETEROTRAIN_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
+    /// Seconds between metric reads of a running job.
+    #[arg(long, env = "HETEROTRAIN_SCRAPE_INTERVAL", default_value_t = 10.0)]
+    scrape_interval: f64,
+    /// Timeout of one scrape or Prometheus query, seconds.
+    #[arg(long, env = "HETEROTRAIN_SCRAPE_TIMEOUT", default_value_t = 3.0)]
+    scrape_timeout: f64,
+    /// Least seconds between two balancing decisions of one job.
+    #[arg(long, env = "HETEROTRAIN_REBALANCE_INTERVAL", default_value_t = 30.0)]
+    rebalance_interval: f64,
+    /// Only watch this namespace (default: all namespaces).
+    #[arg(long, env = "HETEROTRAIN_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// The operator's own namespace (Lease, profile cache).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "heterotrain-system")]
+    operator_namespace: String,
+    /// This replica's identity for leader election (default: hostname).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Disable the profile cache.
+    #[arg(long, env = "HETEROTRAIN_NO_PROFILE_CACHE")]
+    no_profile_cache: bool,
+    /// Address of the /metrics, /healthz, /readyz server.
+    #[arg(long, env = "HETEROTRAIN_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Print the ClusterRole with every RBAC rule the operator needs.
+    Rbac,
+}
+
+fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v).with_context(|| format!("--{what} must be a positive number of seconds"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Some(Cmd::Rbac) = cli.command {
+        print!("{}", rbac::cluster_role_yaml());
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let identity = cli.identity.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("heterotrain-operator-{}", std::process::id()))
+    });
+    let config = OperatorConfig {
+        trainer_image: cli.trainer_image,
+        scrape_interval: secs(cli.scrape_interval, "scrape-interval")?,
+        scrape_timeout: secs(cli.scrape_timeout, "scrape-timeout")?,
+        rebalance_interval: secs(cli.rebalance_interval, "rebalance-interval")?,
+        metrics_source: cli.metrics_source,
+        prometheus_url: cli.prometheus_url,
+        watch_namespace: cli.namespace,
+        operator_namespace: cli.operator_namespace,
+        profile_cache: !cli.no_profile_cache,
+        identity,
+        ..OperatorConfig::default()
+    };
+    let client = kube::Client::try_default().await.context("connecting to Kubernetes")?;
+    let ctx = Context::new(client, config, Metrics::new());
+    let (listener, addr) = server::bind(cli.http_addr).await.context("binding the HTTP server")?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let http = tokio::spawn(server::serve(listener, ctx.clone(), {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }));
+    let shutdown = async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = tx.send(true);
+    };
+    let res = heterotrain_operator::run(ctx, shutdown).await;
+    http.abort();
+    res.map_err(Into::into)
+}

@@ -146,7 +146,7 @@ pub async fn store(client: &Client, ns: &str, entries: &BTreeMap<String, CachedP
                 )])),
                 ..Default::default()
             },
-            data: Some(data),
+            data: Some(data.clone()),
             ..Default::default()
         };
         match api.create(&PostParams::default(), &cm).await {

@@ -73,7 +73,7 @@ impl Optimizer {
                         continue;
                     }
                     if self.weight_decay != 0.0 {
-                        g = g + p * self.weight_decay;
+                        g += p * self.weight_decay;
                     }
                     let mut p = p.shallow_clone();
                     if self.momentum != 0.0 {

@@ -84,8 +84,11 @@ fn join(cfg: &TrainConfig, device: Device) -> Result<Option<ProcessGroup>> {
     Ok(Some(pg))
 }
 
+/// Tensors with their VarStore names.
+type Named = Vec<(String, Tensor)>;
+
 /// All variables (trainable and buffers) sorted by name, and the trainable ones.
-fn named_vars(vs: &VarStore) -> (Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+fn named_vars(vs: &VarStore) -> (Named, Named) {
     let mut all: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
     let trainable = all
@@ -269,6 +272,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     };
 
     while step < total {
+        let step_start = Instant::now();
         // Step boundary: rank 0 considers proposals; everyone agrees.
         let mut proposed = plan.clone();
         if rank == 0 {
@@ -344,7 +348,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         tm.optimizer_seconds = t4.elapsed().as_secs_f64();
 
         step += 1;
-        let step_s = t0.elapsed().as_secs_f64();
+        // Includes the step-boundary agreement.
+        let step_s = step_start.elapsed().as_secs_f64();
         log.write(&StepRecord {
             event: "step",
             rank,
@@ -370,8 +375,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
 
         pos.step_in_epoch += 1;
         let epoch_end = pos.step_in_epoch >= spe;
-        if epoch_end || step == total {
-            if data.eval_len() > 0 {
+        if (epoch_end || step == total) && data.eval_len() > 0 {
+            {
                 // BatchNorm buffers may differ per rank; use rank 0's.
                 let buffers: Vec<(String, Tensor)> = all_vars
                     .iter()

@@ -22,10 +22,13 @@ fn cfg(rank: usize, port: u16, coll_secs: u64) -> RendezvousConfig {
     }
 }
 
+/// (all-reduce, broadcast, all-gather, async all-reduce tail) seen by a rank.
+type Seen = (Vec<f32>, Vec<i64>, Vec<Vec<i64>>, Vec<f32>);
+
 #[test]
 fn two_ranks_run_every_collective() {
     let port = common::free_port();
-    let results: Vec<(Vec<f32>, Vec<i64>, Vec<Vec<i64>>, Vec<f32>)> = std::thread::scope(|s| {
+    let results: Vec<Seen> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|rank| {
                 s.spawn(move || {

@@ -8,8 +8,7 @@ use common::*;
 fn final_accuracy(out: &std::path::Path, rank: usize) -> f64 {
     log_records(out, rank)
         .iter()
-        .filter(|r| r["event"] == "eval")
-        .last()
+        .rfind(|r| r["event"] == "eval")
         .expect("an eval record")["eval_accuracy"]
         .as_f64()
         .unwrap()

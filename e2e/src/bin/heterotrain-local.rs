@@ -22,7 +22,12 @@ eval \"$(heterotrain-local env)\"\n  kubectl get ns\n  heterotrain-local down"
 )]
 struct Cli {
     /// Cluster name; several named clusters can run side by side.
-    #[arg(long, global = true, default_value = "default", env = "HETEROTRAIN_CLUSTER")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "default",
+        env = "HETEROTRAIN_CLUSTER"
+    )]
     name: String,
     #[command(subcommand)]
     cmd: Cmd,
@@ -35,6 +40,10 @@ enum Cmd {
         /// Seconds to wait for the control plane to become ready.
         #[arg(long, default_value_t = 180)]
         timeout: u64,
+        /// Simulated nodes to register and run pods on (YAML, see
+        /// e2e/nodes/*.yaml); without it the cluster has no nodes.
+        #[arg(long)]
+        nodes: Option<PathBuf>,
     },
     /// Stop the control plane and every process it started.
     Down,
@@ -42,9 +51,20 @@ enum Cmd {
     Status,
     /// Print `export KUBECONFIG=...` for the running control plane.
     Env,
+    /// Print the log of a pod run by the node simulator.
+    Logs {
+        /// Pod name.
+        pod: String,
+        /// Namespace of the pod.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
     /// Run the control plane in the foreground until SIGTERM/SIGINT (what `up` starts).
     #[command(hide = true)]
-    Serve,
+    Serve {
+        #[arg(long)]
+        nodes: Option<PathBuf>,
+    },
 }
 
 fn state_dir(name: &str) -> PathBuf {
@@ -72,7 +92,11 @@ fn print_env(dir: &std::path::Path) {
     println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
 }
 
-fn up(name: &str, timeout: u64) -> Result<()> {
+fn up(name: &str, timeout: u64, nodes: Option<PathBuf>) -> Result<()> {
+    if let Some(n) = &nodes {
+        // Fail fast, before starting anything, on a bad nodes file.
+        heterotrain_e2e::nodesim::NodesFile::load(n)?;
+    }
     let dir = state_dir(name);
     if running(&dir).is_some() && dir.join("ready").exists() {
         eprintln!("control plane `{name}` already running");
@@ -86,8 +110,11 @@ fn up(name: &str, timeout: u64) -> Result<()> {
     let log = std::fs::File::create(dir.join("logs").join("supervisor.log"))?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(["--name", name, "serve"])
-        .stdin(std::process::Stdio::null())
+    cmd.args(["--name", name, "serve"]);
+    if let Some(n) = &nodes {
+        cmd.arg("--nodes").arg(std::fs::canonicalize(n)?);
+    }
+    cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     {
@@ -101,7 +128,10 @@ fn up(name: &str, timeout: u64) -> Result<()> {
         }
     }
     let mut child = cmd.spawn().context("starting the supervisor")?;
-    eprintln!("==> starting local control plane `{name}` (state in {})", dir.display());
+    eprintln!(
+        "==> starting local control plane `{name}` (state in {})",
+        dir.display()
+    );
     let deadline = Instant::now() + Duration::from_secs(timeout);
     let mut last = String::new();
     loop {
@@ -123,7 +153,10 @@ fn up(name: &str, timeout: u64) -> Result<()> {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            bail!("control plane not ready after {timeout}s; logs in {}/logs", dir.display());
+            bail!(
+                "control plane not ready after {timeout}s; logs in {}/logs",
+                dir.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -160,7 +193,10 @@ fn kill_leftovers(dir: &std::path::Path) {
     let Ok(text) = std::fs::read_to_string(dir.join("components.pids")) else {
         return;
     };
-    for pid in text.lines().filter_map(|l| l.split_whitespace().nth(1)?.parse::<i32>().ok()) {
+    for pid in text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<i32>().ok())
+    {
         if pid_alive(pid) {
             // SAFETY: plain syscall.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -195,7 +231,7 @@ async fn status(name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn serve(name: &str) -> Result<()> {
+async fn serve(name: &str, nodes: Option<PathBuf>) -> Result<()> {
     let dir = state_dir(name);
     std::fs::write(dir.join("supervisor.pid"), std::process::id().to_string())?;
     let cluster = LocalCluster::start(ClusterOptions {
@@ -211,6 +247,22 @@ async fn serve(name: &str) -> Result<()> {
         .map(|(n, p)| format!("{n} {p}\n"))
         .collect();
     std::fs::write(dir.join("components.pids"), pids)?;
+    let sim = match nodes {
+        Some(path) => {
+            let file = heterotrain_e2e::nodesim::NodesFile::load(&path)?;
+            eprintln!("==> registering {} simulated node(s)", file.nodes.len());
+            Some(
+                heterotrain_e2e::nodesim::NodeSimulator::start(
+                    cluster.client().await?,
+                    file,
+                    &dir,
+                    cluster.kubeconfig_renderer(),
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
     std::fs::write(dir.join("ready"), cluster.server_url())?;
     eprintln!("==> control plane ready at {}", cluster.server_url());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -220,6 +272,9 @@ async fn serve(name: &str) -> Result<()> {
     }
     eprintln!("==> stopping");
     let _ = std::fs::remove_file(dir.join("ready"));
+    if let Some(sim) = &sim {
+        sim.stop().await;
+    }
     cluster.stop();
     Ok(())
 }
@@ -228,7 +283,7 @@ async fn serve(name: &str) -> Result<()> {
 async fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up { timeout } => up(&cli.name, timeout),
+        Cmd::Up { timeout, nodes } => up(&cli.name, timeout, nodes),
         Cmd::Down => down(&cli.name),
         Cmd::Status => status(&cli.name).await,
         Cmd::Env => {
@@ -243,7 +298,20 @@ async fn main() {
                 ))
             }
         }
-        Cmd::Serve => serve(&cli.name).await,
+        Cmd::Serve { nodes } => serve(&cli.name, nodes).await,
+        Cmd::Logs { pod, namespace } => {
+            let path = heterotrain_e2e::nodesim::log_path(&state_dir(&cli.name), &namespace, &pod);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(())
+                }
+                Err(e) => Err(anyhow::anyhow!(
+                    "no log for pod {namespace}/{pod} at {}: {e}",
+                    path.display()
+                )),
+            }
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -58,7 +58,8 @@ impl Cgroup {
         };
         let parent = base.join(group);
         let dir = parent.join(name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating cgroup {}", dir.display()))?;
         let quota = ((cores * PERIOD_US as f64) as u64).max(1000);
         match version {
             Version::V1 => {
@@ -68,7 +69,11 @@ impl Cgroup {
             }
             Version::V2 => {
                 // Delegate the cpu controller down the tree.
-                for d in [Path::new("/sys/fs/cgroup"), base.as_path(), parent.as_path()] {
+                for d in [
+                    Path::new("/sys/fs/cgroup"),
+                    base.as_path(),
+                    parent.as_path(),
+                ] {
                     let _ = std::fs::write(d.join("cgroup.subtree_control"), "+cpu");
                 }
                 std::fs::write(dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))

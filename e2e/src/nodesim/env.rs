@@ -58,7 +58,13 @@ pub async fn resolve(
                 let cm = api.get_opt(&c.name).await?;
                 let v = cm.and_then(|cm| cm.data?.get(&c.key).cloned());
                 if v.is_none() && !c.optional.unwrap_or(false) {
-                    return Err(anyhow!("env {}: configmap {}/{} key {} missing", var.name, ns, c.name, c.key));
+                    return Err(anyhow!(
+                        "env {}: configmap {}/{} key {} missing",
+                        var.name,
+                        ns,
+                        c.name,
+                        c.key
+                    ));
                 }
                 v
             } else if let Some(s) = from.secret_key_ref {
@@ -68,7 +74,13 @@ pub async fn resolve(
                     .and_then(|s2| s2.data?.get(&s.key).cloned())
                     .map(|b| String::from_utf8_lossy(&b.0).to_string());
                 if v.is_none() && !s.optional.unwrap_or(false) {
-                    return Err(anyhow!("env {}: secret {}/{} key {} missing", var.name, ns, s.name, s.key));
+                    return Err(anyhow!(
+                        "env {}: secret {}/{} key {} missing",
+                        var.name,
+                        ns,
+                        s.name,
+                        s.key
+                    ));
                 }
                 v
             } else {
@@ -119,10 +131,22 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": []}
         }))
         .unwrap();
-        assert_eq!(field_ref(&pod, "metadata.name", "127.1.0.2").as_deref(), Some("j-0"));
-        assert_eq!(field_ref(&pod, "metadata.namespace", "").as_deref(), Some("ns"));
-        assert_eq!(field_ref(&pod, "status.podIP", "127.1.0.2").as_deref(), Some("127.1.0.2"));
-        assert_eq!(field_ref(&pod, "metadata.labels['a']", "").as_deref(), Some("b"));
+        assert_eq!(
+            field_ref(&pod, "metadata.name", "127.1.0.2").as_deref(),
+            Some("j-0")
+        );
+        assert_eq!(
+            field_ref(&pod, "metadata.namespace", "").as_deref(),
+            Some("ns")
+        );
+        assert_eq!(
+            field_ref(&pod, "status.podIP", "127.1.0.2").as_deref(),
+            Some("127.1.0.2")
+        );
+        assert_eq!(
+            field_ref(&pod, "metadata.labels['a']", "").as_deref(),
+            Some("b")
+        );
         assert_eq!(field_ref(&pod, "spec.nodeName", "").as_deref(), Some("n1"));
         assert_eq!(field_ref(&pod, "bogus", ""), None);
         let mut env = BTreeMap::new();

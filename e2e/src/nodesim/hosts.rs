@@ -76,7 +76,12 @@ impl HostsFile {
             .read(true)
             .write(true)
             .open(&self.path)
-            .with_context(|| format!("opening {} (pod DNS needs write access)", self.path.display()))?;
+            .with_context(|| {
+                format!(
+                    "opening {} (pod DNS needs write access)",
+                    self.path.display()
+                )
+            })?;
         use std::os::fd::AsRawFd;
         // SAFETY: flock on an open fd; released when `f` closes.
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
@@ -131,8 +136,10 @@ mod tests {
         std::fs::write(&path, "127.0.0.1 localhost\n").unwrap();
         let a = HostsFile::new(&path, "a");
         let b = HostsFile::new(&path, "b");
-        a.add("u1", "127.1.0.2", vec!["j-0.j.ns.svc".into()]).unwrap();
-        b.add("u2", "127.2.0.2", vec!["k-0.k.ns.svc".into()]).unwrap();
+        a.add("u1", "127.1.0.2", vec!["j-0.j.ns.svc".into()])
+            .unwrap();
+        b.add("u2", "127.2.0.2", vec!["k-0.k.ns.svc".into()])
+            .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("127.0.0.1 localhost\n"));
         assert!(text.contains("127.1.0.2 j-0.j.ns.svc") && text.contains("127.2.0.2 k-0.k.ns.svc"));
@@ -140,7 +147,10 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("j-0") && text.contains("k-0"));
         drop(b);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1 localhost\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "127.0.0.1 localhost\n"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

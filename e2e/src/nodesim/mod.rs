@@ -13,7 +13,7 @@ pub mod pod;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,7 +60,10 @@ impl Ctx {
 
 /// Log file of pod `ns/name` under a simulator's state directory.
 pub fn log_path(state_dir: &Path, ns: &str, name: &str) -> PathBuf {
-    state_dir.join("logs").join("pods").join(format!("{ns}_{name}.log"))
+    state_dir
+        .join("logs")
+        .join("pods")
+        .join(format!("{ns}_{name}.log"))
 }
 
 /// A running node simulator; dropping it stops its pods and tasks.
@@ -86,7 +89,11 @@ impl NodeSimulator {
         }
         let ctx = Arc::new(Ctx {
             client: client.clone(),
-            nodes: nodes.nodes.iter().map(|n| (n.name.clone(), n.clone())).collect(),
+            nodes: nodes
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.clone()))
+                .collect(),
             state_dir: state_dir.to_path_buf(),
             hosts: hosts::HostsFile::new(Path::new("/etc/hosts"), &instance),
             cgroup_version: version,
@@ -113,7 +120,11 @@ impl NodeSimulator {
         }));
         let w = ctx.clone();
         tasks.push(tokio::spawn(async move { watch_pods(w).await }));
-        Ok(NodeSimulator { ctx, tasks, stopped: AtomicBool::new(false) })
+        Ok(NodeSimulator {
+            ctx,
+            tasks,
+            stopped: AtomicBool::new(false),
+        })
     }
 
     /// Names of the simulated nodes.
@@ -141,7 +152,9 @@ impl NodeSimulator {
             .lock()
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default();
-        let stops = pods.into_iter().map(|p| pod::terminate(p, Duration::from_secs(5)));
+        let stops = pods
+            .into_iter()
+            .map(|p| pod::terminate(p, Duration::from_secs(5)));
         futures::future::join_all(stops).await;
         let _ = self.ctx.hosts.clear();
     }
@@ -187,7 +200,11 @@ async fn watch_pods(ctx: Arc<Ctx>) {
 }
 
 fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
-    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let node = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
     if !ctx.nodes.contains_key(&node) {
         return;
     }
@@ -200,14 +217,22 @@ fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
                 let grace = p
                     .metadata
                     .deletion_grace_period_seconds
-                    .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+                    .or_else(|| {
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.termination_grace_period_seconds)
+                    })
                     .unwrap_or(30)
                     .max(0) as u64;
                 tokio::spawn(pod::terminate(running, Duration::from_secs(grace)));
             }
         }
         None => {
-            let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
             let started = p
                 .status
                 .as_ref()

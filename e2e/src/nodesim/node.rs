@@ -81,7 +81,11 @@ pub async fn register(client: &Client, cfg: &NodeConfig) -> Result<()> {
         "metadata": {"name": cfg.name, "labels": labels(cfg)},
     });
     nodes
-        .patch(&cfg.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&node))
+        .patch(
+            &cfg.name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&node),
+        )
         .await
         .with_context(|| format!("registering node {}", cfg.name))?;
     heartbeat(client, cfg).await?;
@@ -109,7 +113,11 @@ pub async fn register(client: &Client, cfg: &NodeConfig) -> Result<()> {
 pub async fn heartbeat(client: &Client, cfg: &NodeConfig) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
-        .patch_status(&cfg.name, &PatchParams::default(), &Patch::Merge(status(cfg)))
+        .patch_status(
+            &cfg.name,
+            &PatchParams::default(),
+            &Patch::Merge(status(cfg)),
+        )
         .await
         .with_context(|| format!("updating status of node {}", cfg.name))?;
     Ok(())

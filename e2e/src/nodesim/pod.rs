@@ -51,7 +51,10 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
         if let Some(v) = std::env::var_os("HETEROTRAIN_BIN_DIR") {
             dirs.extend(std::env::split_paths(&v));
         }
-        if let Some(d) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        if let Some(d) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf))
+        {
             dirs.push(d.clone());
             // Test binaries live in target/<profile>/deps; binaries one level up.
             if let Some(up) = d.parent() {
@@ -70,7 +73,13 @@ pub fn argv(container: &Container) -> Result<Vec<String>> {
     let mut argv = container.command.clone().unwrap_or_default();
     if argv.is_empty() {
         let image = container.image.clone().unwrap_or_default();
-        let repo = image.rsplit('/').next().unwrap_or("").split([':', '@']).next().unwrap_or("");
+        let repo = image
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .split([':', '@'])
+            .next()
+            .unwrap_or("");
         match repo {
             "heterotrain-trainer" | "heterotrain-operator" => argv.push(repo.to_string()),
             _ => bail!("image {image:?} has no known entrypoint on simulated nodes; give the container a command"),
@@ -94,8 +103,15 @@ fn cpu_limit(container: &Container, node_cpu: f64) -> f64 {
 /// DNS names of a pod with hostname + subdomain.
 pub fn dns_names(pod: &Pod) -> Vec<String> {
     let spec = pod.spec.as_ref();
-    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    match (spec.and_then(|s| s.hostname.clone()), spec.and_then(|s| s.subdomain.clone())) {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    match (
+        spec.and_then(|s| s.hostname.clone()),
+        spec.and_then(|s| s.subdomain.clone()),
+    ) {
         (Some(h), Some(sd)) => vec![
             format!("{h}.{sd}.{ns}.svc"),
             format!("{h}.{sd}.{ns}.svc.cluster.local"),
@@ -109,9 +125,13 @@ async fn patch_status(ctx: &Ctx, pod: &Pod, status: serde_json::Value) -> Result
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(json!({ "status": status })))
-        .await
-        .with_context(|| format!("updating status of pod {ns}/{name}"))?;
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Strategic(json!({ "status": status })),
+    )
+    .await
+    .with_context(|| format!("updating status of pod {ns}/{name}"))?;
     Ok(())
 }
 
@@ -192,7 +212,11 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .ok_or_else(|| anyhow!("node {node_name} is not simulated here"))?;
     let ip = ctx.next_ip();
     let at = now();
-    let container = spec.containers.first().cloned().ok_or_else(|| anyhow!("pod has no containers"))?;
+    let container = spec
+        .containers
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow!("pod has no containers"))?;
     if !node.run_processes {
         return patch_status(
             ctx,
@@ -206,16 +230,25 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .await;
     }
     let argv = argv(&container)?;
-    let program = find_program(&argv[0])
-        .ok_or_else(|| anyhow!("executable {:?} not found on this machine (see HETEROTRAIN_BIN_DIR)", argv[0]))?;
+    let program = find_program(&argv[0]).ok_or_else(|| {
+        anyhow!(
+            "executable {:?} not found on this machine (see HETEROTRAIN_BIN_DIR)",
+            argv[0]
+        )
+    })?;
     let mut env = super::env::resolve(&ctx.client, pod, &container, &ip).await?;
-    let pod_dir = ctx.state_dir.join("pods").join(format!("{ns}_{pod_name}_{uid}"));
+    let pod_dir = ctx
+        .state_dir
+        .join("pods")
+        .join(format!("{ns}_{pod_name}_{uid}"));
     std::fs::create_dir_all(pod_dir.join("tmp"))?;
     let kubeconfig = pod_dir.join("kubeconfig");
     std::fs::write(&kubeconfig, service_account_kubeconfig(ctx, pod).await?)?;
-    env.entry("KUBECONFIG".into()).or_insert_with(|| kubeconfig.display().to_string());
+    env.entry("KUBECONFIG".into())
+        .or_insert_with(|| kubeconfig.display().to_string());
     env.insert("HETEROTRAIN_SIMULATED_NODE".into(), node_name.clone());
-    env.entry("TMPDIR".into()).or_insert_with(|| pod_dir.join("tmp").display().to_string());
+    env.entry("TMPDIR".into())
+        .or_insert_with(|| pod_dir.join("tmp").display().to_string());
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
     let cores = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0)) * node.speed;
     let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?;
@@ -223,11 +256,21 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     if let Some(dir) = log_path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
     let mut cmd = Command::new(&program);
     cmd.args(&argv[1..])
         .envs(&env)
-        .current_dir(container.working_dir.clone().map(PathBuf::from).filter(|d| d.is_dir()).unwrap_or(pod_dir.clone()))
+        .current_dir(
+            container
+                .working_dir
+                .clone()
+                .map(PathBuf::from)
+                .filter(|d| d.is_dir())
+                .unwrap_or(pod_dir.clone()),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -262,7 +305,9 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         match child.try_wait() {
             Ok(Some(status)) => {
                 use std::os::unix::process::ExitStatusExt;
-                break status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+                break status
+                    .code()
+                    .unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
             }
             Ok(None) => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(e) => bail!("waiting for pid {pid}: {e}"),
@@ -277,7 +322,11 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         return Ok(());
     }
     let finished = now();
-    let (phase, reason) = if code == 0 { ("Succeeded", "Completed") } else { ("Failed", "Error") };
+    let (phase, reason) = if code == 0 {
+        ("Succeeded", "Completed")
+    } else {
+        ("Failed", "Error")
+    };
     patch_status(
         ctx,
         pod,
@@ -317,7 +366,10 @@ pub async fn finalize_delete(ctx: &Ctx, pod: &Pod) {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let mut dp = DeleteParams::default().grace_period(0);
     if let Some(uid) = pod.metadata.uid.clone() {
-        dp.preconditions = Some(kube::api::Preconditions { uid: Some(uid), resource_version: None });
+        dp.preconditions = Some(kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        });
     }
     let _ = api.delete(&name, &dp).await;
 }

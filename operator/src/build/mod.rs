@@ -88,3 +88,6 @@ pub fn desired(job: &HeteroTrainingJob, inputs: &BuildInputs) -> Result<Desired>
 pub fn plan_name(job: &HeteroTrainingJob) -> String {
     names::plan_configmap(&job.name_any())
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# bench_trainer.sh: HeteroTrain trainer vs PyTorch DDP (torchrun, Gloo, same
+# torch, model, global batch, threads per rank), 2 ranks on this machine.
+# Prints samples/s (median of RUNS runs) and the ratio ours/DDP.
+#
+# env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
+#      HETEROTRAIN_PYTHON (python with torch 2.11)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cache="${HETEROTRAIN_CACHE:-$HOME/.cache/heterotrain}"
+[ -f "$cache/env.sh" ] && . "$cache/env.sh"
+py="${HETEROTRAIN_PYTHON:-$cache/venv/bin/python}"
+runs="${RUNS:-5}"
+threads="${THREADS:-1}"
+trainer="${TRAINER:-$cache/target-trainer/release/heterotrain-trainer}"
+if [ -z "${TRAINER:-}" ]; then
+  (cd "$root" && CARGO_TARGET_DIR="$cache/target-trainer" cargo build --release -q -p heterotrain-trainer)
+fi
+torchrun="$(dirname "$py")/torchrun"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+port() { "$py" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+
+# ours: global samples/s over the steps after warm-up (max over ranks of the summed step time)
+ours() { # model batch steps warmup extra...
+  local model=$1 b=$2 steps=$3 warm=$4; shift 4
+  local out="$tmp/ours-$RANDOM" p; p=$(port)
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
+      --model "$model" --dataset synthetic_image --synthetic-samples 4096 --batch-size "$b" \
+      --max-steps $((steps + warm)) --epochs 1000 --lr 0.01 --threads "$threads" \
+      --output-dir "$out" "$@" 2>/dev/null &
+  done
+  wait
+  "$py" - "$out" "$b" "$warm" <<'PY'
+import json, sys
+out, b, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tot = []
+for r in (0, 1):
+    st = [json.loads(l) for l in open(f"{out}/rank-{r}.jsonl") if '"event":"step"' in l]
+    tot.append(sum(s["step_seconds"] for s in st[warm:]))
+    n = len(st[warm:])
+print(b * n / max(tot))
+PY
+}
+
+ddp() { # model batch steps warmup extra...
+  local model=$1 b=$2 steps=$3 warm=$4; shift 4
+  OMP_NUM_THREADS=$threads "$torchrun" --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(port)" \
+    "$here/ddp_bench.py" --model "$model" --batch-size "$b" --steps "$steps" --warmup "$warm" \
+    --threads "$threads" "$@" 2>/dev/null | "$py" -c 'import json,sys;print([json.loads(l) for l in sys.stdin if l.startswith("{")][0]["samples_per_second"])'
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+printf '| model | global batch | threads/rank | ours samples/s | DDP samples/s | ratio |\n|---|---|---|---|---|---|\n'
+for spec in "resnet18 64 15 3" "mlp 256 100 5 --hidden 512"; do
+  set -- $spec
+  o=$(for _ in $(seq "$runs"); do ours "$@"; done | median)
+  d=$(for _ in $(seq "$runs"); do ddp "$@"; done | median)
+  printf '| %s | %s | %s | %.1f | %.1f | %.2f |\n' "$1" "$2" "$threads" "$o" "$d" "$(echo "$o / $d" | bc -l)"
+done
