@@ -10,6 +10,7 @@ pub mod nodesim;
 pub mod paths;
 pub mod pki;
 pub mod ports;
+pub mod prometheus;
 
 pub use cluster::{ClusterOptions, LocalCluster};
 pub use paths::cache_dir;

@@ -217,6 +217,44 @@ exit 3"#;
     .unwrap();
     assert!(log.contains("got-term"), "SIGTERM not delivered: {log}");
 
+    // Pods' `metrics` ports become Prometheus targets with the PodMonitor's labels.
+    let mut prom = heterotrain_e2e::prometheus::Prometheus::start(
+        &cluster.state_dir().join("prometheus"),
+        Duration::from_secs(1),
+    )
+    .expect("start prometheus");
+    sim.export_prometheus_targets(&heterotrain_e2e::prometheus::targets_file(prom.dir()));
+    let pod = json!({
+        "metadata": {"name": "exporter", "labels": {"heterotrain.dev/job": "j", "heterotrain.dev/rank": "0", "heterotrain.dev/group": "g"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox",
+                "ports": [{"name": "metrics", "containerPort": 9400}],
+                "command": ["sh", "-c", "mkdir -p m && cd m && printf 'heterotrain_test_value 42\\n' > metrics && exec python3 -m http.server --bind $POD_IP 9400"],
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]
+        }
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = prom.query(r#"heterotrain_test_value{job_name="j",rank="0",group="g",namespace="nodesim",pod="exporter"}"#).unwrap();
+        if let Some(v) = r.first() {
+            assert_eq!(v["value"][1], "42", "{v}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never scraped the pod"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    prom.stop();
+
     sim.stop().await;
     let hosts = std::fs::read_to_string("/etc/hosts").unwrap();
     assert!(

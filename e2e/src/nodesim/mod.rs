@@ -38,6 +38,9 @@ pub struct Ctx {
     next_ip: AtomicU32,
     ip_prefix: u8,
     pub running: Mutex<HashMap<String, Arc<pod::RunningPod>>>,
+    /// Prometheus file-SD output, when enabled.
+    targets_file: Mutex<Option<PathBuf>>,
+    targets: Mutex<BTreeMap<String, serde_json::Value>>,
 }
 
 impl Ctx {
@@ -50,6 +53,64 @@ impl Ctx {
     /// A kubeconfig for `token` against this cluster.
     pub fn kubeconfig_for_token(&self, token: &str) -> String {
         (self.kubeconfig_template)(token)
+    }
+
+    /// Record the metrics target of a started pod (its container port named
+    /// `metrics`), with the labels the chart's PodMonitor gives trainer targets.
+    pub fn add_target(&self, pod: &Pod, ip: &str) {
+        let port = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.ports.as_ref())
+            .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some("metrics")))
+            .map(|p| p.container_port);
+        let Some(port) = port else { return };
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let l = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        use heterotrain_crds::metrics::labels as L;
+        let target = serde_json::json!({
+            "targets": [format!("{ip}:{port}")],
+            "labels": {
+                "namespace": pod.metadata.namespace.clone().unwrap_or_default(),
+                "pod": pod.metadata.name.clone().unwrap_or_default(),
+                "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+                "job_name": l(L::JOB),
+                "rank": l(L::RANK),
+                "group": l(L::GROUP),
+            }
+        });
+        if let Ok(mut t) = self.targets.lock() {
+            t.insert(pod.metadata.uid.clone().unwrap_or_default(), target);
+        }
+        self.write_targets();
+    }
+
+    /// Forget a pod's metrics target.
+    pub fn remove_target(&self, uid: &str) {
+        let removed = self
+            .targets
+            .lock()
+            .map(|mut t| t.remove(uid).is_some())
+            .unwrap_or(false);
+        if removed {
+            self.write_targets();
+        }
+    }
+
+    fn write_targets(&self) {
+        let Some(path) = self.targets_file.lock().ok().and_then(|p| p.clone()) else {
+            return;
+        };
+        let all: Vec<_> = self
+            .targets
+            .lock()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default();
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, serde_json::to_vec_pretty(&all).unwrap_or_default()).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
     }
 
     /// Where a pod's stdout/stderr go.
@@ -102,6 +163,8 @@ impl NodeSimulator {
             next_ip: AtomicU32::new(2),
             ip_prefix: 20 + (std::process::id() % 200) as u8,
             running: Mutex::new(HashMap::new()),
+            targets_file: Mutex::new(None),
+            targets: Mutex::new(BTreeMap::new()),
         });
         for n in ctx.nodes.values() {
             node::register(&client, n).await?;
@@ -125,6 +188,15 @@ impl NodeSimulator {
             tasks,
             stopped: AtomicBool::new(false),
         })
+    }
+
+    /// Keep a Prometheus file-SD target list of running pods' `metrics`
+    /// ports at `path` (see [`crate::prometheus`]).
+    pub fn export_prometheus_targets(&self, path: &Path) {
+        if let Ok(mut p) = self.ctx.targets_file.lock() {
+            *p = Some(path.to_path_buf());
+        }
+        self.ctx.write_targets();
     }
 
     /// Names of the simulated nodes.

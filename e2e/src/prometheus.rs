@@ -1,0 +1,171 @@
+//! A real Prometheus server (Debian's package) for tests and the demo:
+//! scrapes the simulated pods through file-based service discovery, which
+//! the node simulator keeps in sync, with the same target labels the Helm
+//! chart's PodMonitor produces (`namespace`, `pod`, `job_name`, `rank`, `group`).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::keeper::{spawn_tied, stop_child};
+use crate::paths::find_binary;
+use crate::ports::free_ports;
+
+/// A running Prometheus.
+pub struct Prometheus {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// The file-SD target file Prometheus reads under `dir`.
+pub fn targets_file(dir: &Path) -> PathBuf {
+    dir.join("targets.json")
+}
+
+impl Prometheus {
+    /// Start Prometheus with its data, config and targets under `dir`,
+    /// scraping every `interval`.
+    pub fn start(dir: &Path, interval: Duration) -> Result<Prometheus> {
+        let bin = find_binary("prometheus")
+            .ok_or_else(|| anyhow!("prometheus not found; run `make setup`"))?;
+        std::fs::create_dir_all(dir.join("data"))?;
+        let targets = targets_file(dir);
+        if !targets.exists() {
+            std::fs::write(&targets, "[]")?;
+        }
+        let secs = interval.as_secs().max(1);
+        let config = format!(
+            "global:\n  scrape_interval: {secs}s\n  scrape_timeout: {secs}s\n  evaluation_interval: {secs}s\n\
+scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n      - files: ['{}']\n        refresh_interval: 1s\n",
+            targets.display()
+        );
+        std::fs::write(dir.join("prometheus.yml"), config)?;
+        let port = free_ports(1)?[0];
+        let log = std::fs::File::create(dir.join("prometheus.log"))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--storage.tsdb.retention.time=1d")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+        let child = spawn_tied(cmd).context("starting prometheus")?;
+        let p = Prometheus {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if matches!(http_get(port, "/-/ready"), Ok((200, _))) {
+                return Ok(p);
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+                bail!("prometheus not ready after 30s:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Directory holding config, data and targets.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Run an instant query; returns the `data.result` array.
+    pub fn query(&self, expr: &str) -> Result<Vec<serde_json::Value>> {
+        let path = format!("/api/v1/query?query={}", url_encode(expr));
+        let (code, body) = http_get(self.port, &path)?;
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .with_context(|| format!("prometheus answered {code}: {body}"))?;
+        if v["status"] != "success" {
+            bail!("query {expr:?} failed: {body}");
+        }
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Stop the server.
+    pub fn stop(&mut self) {
+        stop_child(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Percent-encode a query-string value.
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Minimal HTTP/1.1 GET to 127.0.0.1:`port` (plain text, `Connection: close`).
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line"))?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(len.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
