@@ -74,11 +74,15 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    println!("cargo:rustc-link-lib=dylib=torch");
-    if nccl {
-        println!("cargo:rustc-link-lib=dylib=torch_cuda");
-        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    // libtorch_cuda registers the CUDA backend from static initialisers; the
+    // linker's --as-needed would drop it (and libtorch), leaving a binary
+    // that sees no GPU. Keep them whenever this libtorch has them.
+    println!("cargo:rustc-link-arg=-Wl,--push-state,--no-as-needed");
+    for keep in ["torch", "torch_cuda", "c10_cuda"] {
+        if lib.join(format!("lib{keep}.so")).exists() {
+            println!("cargo:rustc-link-arg=-l{keep}");
+        }
     }
-    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    println!("cargo:rustc-link-arg=-Wl,--pop-state");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
 }

@@ -18,10 +18,19 @@ pub fn ssa() -> PatchParams {
 
 async fn apply<K>(api: &Api<K>, obj: &K, what: &'static str) -> Result<K>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
-    let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
-    let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize { what, source })?;
+    let name = obj
+        .meta()
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let mut value =
+        serde_json::to_value(obj).map_err(|source| Error::Serialize { what, source })?;
     if let Some(map) = value.as_object_mut() {
         map.insert("apiVersion".into(), K::api_version(&()).into());
         map.insert("kind".into(), K::kind(&()).into());
@@ -31,13 +40,23 @@ where
 
 /// Apply the headless Service.
 pub async fn service(client: &Client, ns: &str, svc: &Service) -> Result<()> {
-    apply(&Api::<Service>::namespaced(client.clone(), ns), svc, "Service").await?;
+    apply(
+        &Api::<Service>::namespaced(client.clone(), ns),
+        svc,
+        "Service",
+    )
+    .await?;
     Ok(())
 }
 
 /// Apply a plan ConfigMap.
 pub async fn plan(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
-    apply(&Api::<ConfigMap>::namespaced(client.clone(), ns), cm, "ConfigMap").await?;
+    apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), ns),
+        cm,
+        "ConfigMap",
+    )
+    .await?;
     Ok(())
 }
 
@@ -68,7 +87,9 @@ pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<
 
 /// Delete the job (its children follow by garbage collection).
 pub async fn delete_job(client: &Client, job: &HeteroTrainingJob) -> Result<()> {
-    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = job
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),

@@ -3,9 +3,7 @@
 //! and turns its decisions into [`BatchPlan`]s. Everything balancer-specific
 //! the operator touches is in this file.
 
-use heterotrain_balancer::{
-    Balancer, BalancerConfig, BalancerError, Policy, Quality,
-};
+use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Policy, Quality};
 use heterotrain_crds::{BalancePolicy, BatchPlan, HeteroTrainingJobSpec};
 
 use crate::scrape::{RankMetrics, RankProfile};
@@ -89,7 +87,10 @@ pub fn split_from_profiles(
         b.observe_profile(r, &p.points, p.max_batch).ok()?;
     }
     let d = b.decide(&[]).ok()?;
-    Some((d.plan?, "proportional split of the ranks' hardware profiles".into()))
+    Some((
+        d.plan?,
+        "proportional split of the ranks' hardware profiles".into(),
+    ))
 }
 
 /// Balancing state of one gang of one job.
@@ -121,7 +122,10 @@ impl JobBalancer {
     pub fn observe(&mut self, rank: usize, m: &RankMetrics) -> bool {
         if let Some(p) = &m.profile {
             if self.profiles.get(rank).is_some_and(Option::is_none)
-                && self.inner.observe_profile(rank, &p.points, p.max_batch).is_ok()
+                && self
+                    .inner
+                    .observe_profile(rank, &p.points, p.max_batch)
+                    .is_ok()
             {
                 self.profiles[rank] = Some(p.clone());
             }

@@ -115,7 +115,9 @@ pub fn set(conditions: &mut Vec<Condition>, desired: Desired, generation: Option
 
 /// Whether condition `type_` is `True`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// The condition of `type_`, if set.
@@ -135,13 +137,28 @@ mod tests {
     #[test]
     fn keeps_transition_time_unless_status_flips() {
         let mut c = Vec::new();
-        set(&mut c, Desired::no(types::RUNNING, "A", "a"), Some(1), &t(10));
-        set(&mut c, Desired::no(types::RUNNING, "B", "b"), Some(2), &t(20));
+        set(
+            &mut c,
+            Desired::no(types::RUNNING, "A", "a"),
+            Some(1),
+            &t(10),
+        );
+        set(
+            &mut c,
+            Desired::no(types::RUNNING, "B", "b"),
+            Some(2),
+            &t(20),
+        );
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, t(10));
         assert_eq!(c[0].reason, "B");
         assert_eq!(c[0].observed_generation, Some(2));
-        set(&mut c, Desired::yes(types::RUNNING, "C", "c"), Some(2), &t(30));
+        set(
+            &mut c,
+            Desired::yes(types::RUNNING, "C", "c"),
+            Some(2),
+            &t(30),
+        );
         assert_eq!(c[0].last_transition_time, t(30));
         assert!(is_true(&c, types::RUNNING));
         assert!(!is_true(&c, types::FAILED));

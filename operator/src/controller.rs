@@ -76,7 +76,11 @@ impl Context {
     /// Publish an Event on `job` (failures are logged, never fatal).
     pub async fn event(&self, job: &HeteroTrainingJob, e: &EventSpec) {
         let ev = Event {
-            type_: if e.warning { EventType::Warning } else { EventType::Normal },
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: e.reason.clone(),
             note: Some(e.note.chars().take(1000).collect()),
             action: "Reconcile".into(),
@@ -129,14 +133,26 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     let now = Timestamp::now();
     let now_t = Time(now);
     let name = job.name_any();
-    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = job
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
 
     // Validate.
-    if let Err(problems) = validate::validate(&name, &job.spec, ctx.config.prometheus_url.as_deref()) {
+    if let Err(problems) =
+        validate::validate(&name, &job.spec, ctx.config.prometheus_url.as_deref())
+    {
         let msg = validate::summary(&problems);
         let next = status::invalid(job, &msg, &now_t);
         if status::patch_if_changed(client, job, &next).await? {
-            ctx.event(job, &EventSpec { warning: true, reason: "Invalid".into(), note: msg }).await;
+            ctx.event(
+                job,
+                &EventSpec {
+                    warning: true,
+                    reason: "Invalid".into(),
+                    note: msg,
+                },
+            )
+            .await;
         }
         ctx.metrics.error("invalid");
         return Ok(Action::await_change());
@@ -145,10 +161,13 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     // Fetch and decide.
     let obs = fetch::fetch(client, &ns, &name).await?;
     let d = lifecycle::decide(job, &obs, &now);
-    let plan_now = obs
-        .plan
-        .clone()
-        .filter(|p| p.validate_for(job.spec.world_size() as usize, job.spec.training.global_batch_size).is_ok());
+    let plan_now = obs.plan.clone().filter(|p| {
+        p.validate_for(
+            job.spec.world_size() as usize,
+            job.spec.training.global_batch_size,
+        )
+        .is_ok()
+    });
     let base = Extras {
         plan: plan_now.clone(),
         ..Default::default()
@@ -236,7 +255,9 @@ async fn initial_plan(
         spec.training.global_batch_size,
         spec.world_size() as usize,
     );
-    if ctx.config.profile_cache && spec.load_balancing.policy != heterotrain_crds::BalancePolicy::Static {
+    if ctx.config.profile_cache
+        && spec.load_balancing.policy != heterotrain_crds::BalancePolicy::Static
+    {
         if let Ok(cache) = profile_cache::load(&ctx.client, &ctx.config.operator_namespace).await {
             if let Some(profiles) = profile_cache::lookup(spec, &cache) {
                 if let Some((batches, reason)) = split_from_profiles(spec, &profiles) {
@@ -297,18 +318,25 @@ fn established(crd: &CustomResourceDefinition) -> bool {
     crd.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
 }
 
 /// Run the controller until `stop` resolves.
-pub async fn run_controller(ctx: Arc<Context>, stop: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run_controller(
+    ctx: Arc<Context>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = ctx.client.clone();
     let ar = guard::api_resource();
     let jobs: Api<DynamicObject> = match &ctx.config.watch_namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
-    let owned = watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
     macro_rules! api {
         ($t:ty) => {
             match &ctx.config.watch_namespace {
@@ -333,7 +361,10 @@ pub async fn run_controller(ctx: Arc<Context>, stop: impl Future<Output = ()> + 
 
 /// Run the operator: wait for the CRD, then reconcile while holding the
 /// leader Lease, until `shutdown` resolves.
-pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -362,7 +393,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
                 }
             }
         };
-        let ctl = tokio::spawn(run_controller(ctx.clone(), ctl_stop).instrument(tracing::info_span!("controller")));
+        let ctl = tokio::spawn(
+            run_controller(ctx.clone(), ctl_stop).instrument(tracing::info_span!("controller")),
+        );
         renew.await;
         let _ = ctl.await;
         ctx.metrics.leader.set(0);

@@ -75,7 +75,9 @@ mod tests {
     fn labels_are_stable() {
         assert_eq!(Error::Invalid("x".into()).metric_label(), "invalid");
         assert_eq!(Error::CrdMissing.metric_label(), "crd_missing");
-        assert!(Error::CrdMissing.to_string().contains("crds/heterotrainingjob.yaml"));
+        assert!(Error::CrdMissing
+            .to_string()
+            .contains("crds/heterotrainingjob.yaml"));
         assert!(!Error::Malformed("x".into()).is_transient());
         assert!(Error::MissingField("uid").is_transient());
     }

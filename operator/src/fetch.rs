@@ -53,16 +53,24 @@ impl RankPod {
         };
         let terminated = status
             .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == names::CONTAINER).or(cs.first()))
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.name == names::CONTAINER)
+                    .or(cs.first())
+            })
             .and_then(|c| c.state.as_ref())
             .and_then(|s| s.terminated.as_ref());
         RankPod {
             name: pod.name_any(),
             rank: labels.get(labels::RANK).and_then(|r| r.parse().ok()),
-            restart: labels.get(names::RESTART_LABEL).and_then(|r| r.parse().ok()),
+            restart: labels
+                .get(names::RESTART_LABEL)
+                .and_then(|r| r.parse().ok()),
             phase,
             deleting: pod.metadata.deletion_timestamp.is_some(),
-            pod_ip: status.and_then(|s| s.pod_ip.clone()).filter(|ip| !ip.is_empty()),
+            pod_ip: status
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty()),
             node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             exit_code: terminated.map(|t| t.exit_code),
             reason: terminated
@@ -71,10 +79,7 @@ impl RankPod {
             message: terminated
                 .and_then(|t| t.message.clone())
                 .or_else(|| status.and_then(|s| s.message.clone())),
-            spec_hash: pod
-                .annotations()
-                .get(names::SPEC_HASH_ANNOTATION)
-                .cloned(),
+            spec_hash: pod.annotations().get(names::SPEC_HASH_ANNOTATION).cloned(),
         }
     }
 }

@@ -86,7 +86,11 @@ impl LeaderElector {
             metadata: lease.metadata.clone(),
             spec: Some(self.spec(if ours { spec.acquire_time } else { None }, transitions)),
         };
-        match self.api.replace(&self.name, &PostParams::default(), &next).await {
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &next)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
@@ -148,7 +152,10 @@ impl LeaderElector {
                         ..spec
                     }),
                 };
-                let _ = self.api.replace(&self.name, &PostParams::default(), &next).await;
+                let _ = self
+                    .api
+                    .replace(&self.name, &PostParams::default(), &next)
+                    .await;
             }
         }
     }

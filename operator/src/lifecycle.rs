@@ -158,7 +158,11 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         .is_some_and(|c| c.status == "True" && c.reason != reasons::INVALID);
     if succeeded || failed_for_good {
         let mut d = Decision::new(
-            if succeeded { JobPhase::Succeeded } else { JobPhase::Failed },
+            if succeeded {
+                JobPhase::Succeeded
+            } else {
+                JobPhase::Failed
+            },
             restarts,
         );
         d.delete_pods = live_names;
@@ -169,7 +173,11 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
             let left = f64::from(ttl) - elapsed;
             if left <= 0.0 {
                 d.delete_job = true;
-                d.event(false, reasons::TTL_EXPIRED, format!("deleting the job {ttl}s after it finished"));
+                d.event(
+                    false,
+                    reasons::TTL_EXPIRED,
+                    format!("deleting the job {ttl}s after it finished"),
+                );
             } else {
                 d.requeue(Duration::from_secs_f64(left.max(0.1)));
             }
@@ -178,7 +186,11 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
     }
 
     let mut d = Decision::new(JobPhase::Pending, restarts);
-    d.conditions.push(Desired::no(types::FAILED, reasons::SPEC_ACCEPTED, "the spec is valid"));
+    d.conditions.push(Desired::no(
+        types::FAILED,
+        reasons::SPEC_ACCEPTED,
+        "the spec is valid",
+    ));
 
     // Suspension: stop the pods, keep plan and checkpoints.
     let was_suspended = cond::is_true(conds, types::SUSPENDED);
@@ -187,8 +199,10 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         d.delete_pods = all_names;
         d.start_time = StartTime::Clear;
         let msg = "runPolicy.suspend is true: pods stopped; the plan and checkpoints are kept";
-        d.conditions.push(Desired::yes(types::SUSPENDED, reasons::SUSPENDED, msg));
-        d.conditions.push(Desired::no(types::RUNNING, reasons::SUSPENDED, "suspended"));
+        d.conditions
+            .push(Desired::yes(types::SUSPENDED, reasons::SUSPENDED, msg));
+        d.conditions
+            .push(Desired::no(types::RUNNING, reasons::SUSPENDED, "suspended"));
         if !was_suspended {
             d.event(false, reasons::SUSPENDED, msg);
         }
@@ -196,7 +210,8 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
     }
     if was_suspended {
         let msg = "runPolicy.suspend is false: recreating the gang from the latest checkpoint";
-        d.conditions.push(Desired::no(types::SUSPENDED, reasons::RESUMED, msg));
+        d.conditions
+            .push(Desired::no(types::SUSPENDED, reasons::RESUMED, msg));
         d.event(false, reasons::RESUMED, msg);
     }
 
@@ -208,10 +223,16 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
             d.phase = JobPhase::Failed;
             d.delete_pods = all_names;
             d.complete = true;
-            d.conditions
-                .push(Desired::yes(types::FAILED, reasons::DEADLINE_EXCEEDED, msg.clone()));
-            d.conditions
-                .push(Desired::no(types::RUNNING, reasons::DEADLINE_EXCEEDED, msg.clone()));
+            d.conditions.push(Desired::yes(
+                types::FAILED,
+                reasons::DEADLINE_EXCEEDED,
+                msg.clone(),
+            ));
+            d.conditions.push(Desired::no(
+                types::RUNNING,
+                reasons::DEADLINE_EXCEEDED,
+                msg.clone(),
+            ));
             d.event(true, reasons::DEADLINE_EXCEEDED, msg);
             return d;
         }
@@ -222,11 +243,18 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
     let (current, old): (Vec<&RankPod>, Vec<&RankPod>) =
         obs.pods.iter().partition(|p| p.restart == Some(restarts));
     if !old.is_empty() {
-        d.delete_pods = old.iter().filter(|p| !p.deleting).map(|p| p.name.clone()).collect();
+        d.delete_pods = old
+            .iter()
+            .filter(|p| !p.deleting)
+            .map(|p| p.name.clone())
+            .collect();
         d.conditions.push(Desired::no(
             types::RUNNING,
             reasons::GANG_RESTARTING,
-            format!("waiting for {} pod(s) of the previous gang to go away", old.len()),
+            format!(
+                "waiting for {} pod(s) of the previous gang to go away",
+                old.len()
+            ),
         ));
         d.requeue(Duration::from_secs(1));
         return d;
@@ -283,7 +311,11 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         _ => None,
     };
     if let Some(why) = failure {
-        let still: Vec<String> = current.iter().filter(|p| live(p)).map(|p| p.name.clone()).collect();
+        let still: Vec<String> = current
+            .iter()
+            .filter(|p| live(p))
+            .map(|p| p.name.clone())
+            .collect();
         if restarts < rp.backoff_limit {
             d.restarts = restarts + 1;
             d.delete_pods = current.iter().map(|p| p.name.clone()).collect();
@@ -292,8 +324,11 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
                 restarts + 1,
                 rp.backoff_limit
             );
-            d.conditions
-                .push(Desired::no(types::RUNNING, reasons::GANG_RESTARTING, msg.clone()));
+            d.conditions.push(Desired::no(
+                types::RUNNING,
+                reasons::GANG_RESTARTING,
+                msg.clone(),
+            ));
             d.event(true, reasons::GANG_RESTARTING, msg);
             d.requeue(Duration::from_secs(1));
         } else {
@@ -304,10 +339,16 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
             d.phase = JobPhase::Failed;
             d.delete_pods = still;
             d.complete = true;
-            d.conditions
-                .push(Desired::yes(types::FAILED, reasons::BACKOFF_LIMIT_EXCEEDED, msg.clone()));
-            d.conditions
-                .push(Desired::no(types::RUNNING, reasons::BACKOFF_LIMIT_EXCEEDED, msg.clone()));
+            d.conditions.push(Desired::yes(
+                types::FAILED,
+                reasons::BACKOFF_LIMIT_EXCEEDED,
+                msg.clone(),
+            ));
+            d.conditions.push(Desired::no(
+                types::RUNNING,
+                reasons::BACKOFF_LIMIT_EXCEEDED,
+                msg.clone(),
+            ));
             d.event(true, reasons::BACKOFF_LIMIT_EXCEEDED, msg);
         }
         return d;
@@ -322,7 +363,8 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         if !cond::is_true(conds, types::CREATED) {
             d.event(false, reasons::GANG_CREATED, msg.clone());
         }
-        d.conditions.push(Desired::yes(types::CREATED, reasons::GANG_CREATED, msg));
+        d.conditions
+            .push(Desired::yes(types::CREATED, reasons::GANG_CREATED, msg));
         d.conditions.push(Desired::no(
             types::RUNNING,
             reasons::PODS_PENDING,
@@ -331,13 +373,24 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         return d;
     }
 
-    let done = current.iter().filter(|p| p.phase == Phase::Succeeded).count() as u32;
+    let done = current
+        .iter()
+        .filter(|p| p.phase == Phase::Succeeded)
+        .count() as u32;
     if done == world {
         let msg = format!("all {world} ranks exited 0");
         d.phase = JobPhase::Succeeded;
         d.complete = true;
-        d.conditions.push(Desired::yes(types::SUCCEEDED, reasons::ALL_RANKS_SUCCEEDED, msg.clone()));
-        d.conditions.push(Desired::no(types::RUNNING, reasons::ALL_RANKS_SUCCEEDED, msg.clone()));
+        d.conditions.push(Desired::yes(
+            types::SUCCEEDED,
+            reasons::ALL_RANKS_SUCCEEDED,
+            msg.clone(),
+        ));
+        d.conditions.push(Desired::no(
+            types::RUNNING,
+            reasons::ALL_RANKS_SUCCEEDED,
+            msg.clone(),
+        ));
         d.event(false, reasons::ALL_RANKS_SUCCEEDED, msg);
         if let Some(ttl) = rp.ttl_seconds_after_finished {
             d.requeue(Duration::from_secs(u64::from(ttl).max(1)));
@@ -354,7 +407,10 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
     ));
     let running = current
         .iter()
-        .filter(|p| matches!(p.phase, Phase::Running | Phase::Succeeded) && (p.phase == Phase::Succeeded || p.pod_ip.is_some()))
+        .filter(|p| {
+            matches!(p.phase, Phase::Running | Phase::Succeeded)
+                && (p.phase == Phase::Succeeded || p.pod_ip.is_some())
+        })
         .count() as u32;
     if running == world {
         d.phase = JobPhase::Running;

@@ -19,10 +19,19 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,
     /// Trainer image for jobs without their own.
-    #[arg(long, env = "HETEROTRAIN_TRAINER_IMAGE", default_value = "ghcr.io/heterotrain/trainer:latest")]
+    #[arg(
+        long,
+        env = "HETEROTRAIN_TRAINER_IMAGE",
+        default_value = "ghcr.io/heterotrain/trainer:latest"
+    )]
     trainer_image: String,
     /// Where live metrics come from: `job` (each job's metricsSource), `pods`, `prometheus`.
-    #[arg(long, env = "HETEROTRAIN_METRICS_SOURCE", value_enum, default_value = "job")]
+    #[arg(
+        long,
+        env = "HETEROTRAIN_METRICS_SOURCE",
+        value_enum,
+        default_value = "job"
+    )]
     metrics_source: MetricsSourceMode,
     /// Prometheus base URL for jobs that use Prometheus without their own prometheusUrl.
     #[arg(long, env = "HETEROTRAIN_PROMETHEUS_URL")]
@@ -60,7 +69,8 @@ enum Cmd {
 }
 
 fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v).with_context(|| format!("--{what} must be a positive number of seconds"))
+    Duration::try_from_secs_f64(v)
+        .with_context(|| format!("--{what} must be a positive number of seconds"))
 }
 
 #[tokio::main]
@@ -71,10 +81,13 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .init();
     let identity = cli.identity.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("heterotrain-operator-{}", std::process::id()))
+        std::env::var("HOSTNAME")
+            .unwrap_or_else(|_| format!("heterotrain-operator-{}", std::process::id()))
     });
     let config = OperatorConfig {
         trainer_image: cli.trainer_image,
@@ -89,9 +102,13 @@ async fn main() -> anyhow::Result<()> {
         identity,
         ..OperatorConfig::default()
     };
-    let client = kube::Client::try_default().await.context("connecting to Kubernetes")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes")?;
     let ctx = Context::new(client, config, Metrics::new());
-    let (listener, addr) = server::bind(cli.http_addr).await.context("binding the HTTP server")?;
+    let (listener, addr) = server::bind(cli.http_addr)
+        .await
+        .context("binding the HTTP server")?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     let (tx, rx) = tokio::sync::watch::channel(false);
     let http = tokio::spawn(server::serve(listener, ctx.clone(), {
@@ -101,7 +118,19 @@ async fn main() -> anyhow::Result<()> {
         }
     }));
     let shutdown = async move {
-        let _ = tokio::signal::ctrl_c().await;
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        tracing::info!("shutting down");
         let _ = tx.send(true);
     };
     let res = heterotrain_operator::run(ctx, shutdown).await;

@@ -58,22 +58,38 @@ impl Metrics {
             registry: Arc::new(Mutex::new(Registry::default())),
         };
         reg.register("reconciles", "Reconciles run", m.reconciles.clone());
-        reg.register("reconcile_errors", "Reconcile errors by reason", m.errors.clone());
+        reg.register(
+            "reconcile_errors",
+            "Reconcile errors by reason",
+            m.errors.clone(),
+        );
         reg.register_with_unit(
             "reconcile_duration",
             "Duration of one reconcile",
             prometheus_client::registry::Unit::Seconds,
             m.reconcile_duration.clone(),
         );
-        reg.register("rebalances", "New plans written, by policy", m.rebalances.clone());
+        reg.register(
+            "rebalances",
+            "New plans written, by policy",
+            m.rebalances.clone(),
+        );
         reg.register_with_unit(
             "plan_propagation",
             "Time from writing a plan until every rank reports using it",
             prometheus_client::registry::Unit::Seconds,
             m.plan_propagation.clone(),
         );
-        reg.register("scrape_failures", "Rank metrics that could not be read", m.scrape_failures.clone());
-        reg.register("leader", "1 while this replica holds the leader Lease", m.leader.clone());
+        reg.register(
+            "scrape_failures",
+            "Rank metrics that could not be read",
+            m.scrape_failures.clone(),
+        );
+        reg.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            m.leader.clone(),
+        );
         Metrics {
             registry: Arc::new(Mutex::new(root)),
             ..m

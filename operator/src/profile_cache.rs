@@ -54,14 +54,26 @@ impl From<CachedProfile> for RankProfile {
 
 fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
 /// The model part of the key, e.g. `mlp.h128.l2`.
 pub fn model_key(m: &ModelSpec) -> String {
     let mut k = m.name.as_str().to_string();
-    for (p, v) in [("h", m.hidden), ("l", m.layers), ("a", m.heads), ("c", m.context), ("v", m.vocab)] {
+    for (p, v) in [
+        ("h", m.hidden),
+        ("l", m.layers),
+        ("a", m.heads),
+        ("c", m.context),
+        ("v", m.vocab),
+    ] {
         if let Some(v) = v {
             k.push_str(&format!(".{p}{v}"));
         }
@@ -75,7 +87,11 @@ pub fn key(accelerator: &str, device: Device, model: &ModelSpec) -> String {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
     };
-    let k = format!("{}_{dev}_{}", sanitize(accelerator), sanitize(&model_key(model)));
+    let k = format!(
+        "{}_{dev}_{}",
+        sanitize(accelerator),
+        sanitize(&model_key(model))
+    );
     k.chars().take(253).collect()
 }
 
@@ -113,11 +129,20 @@ pub fn lookup(
 }
 
 /// The accelerator of the node a rank ran on, else its group's pin.
-pub async fn accelerator_of(client: &Client, node: Option<&str>, g: &WorkerGroup) -> Option<String> {
+pub async fn accelerator_of(
+    client: &Client,
+    node: Option<&str>,
+    g: &WorkerGroup,
+) -> Option<String> {
     if let Some(n) = node {
         let nodes: Api<Node> = Api::all(client.clone());
         if let Ok(Some(node)) = nodes.get_opt(n).await {
-            if let Some(a) = node.metadata.labels.as_ref().and_then(|l| l.get(labels::ACCELERATOR)) {
+            if let Some(a) = node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::ACCELERATOR))
+            {
                 return Some(a.clone());
             }
         }
@@ -126,7 +151,11 @@ pub async fn accelerator_of(client: &Client, node: Option<&str>, g: &WorkerGroup
 }
 
 /// Store `entries` (key → profile) in the cache, creating it when missing.
-pub async fn store(client: &Client, ns: &str, entries: &BTreeMap<String, CachedProfile>) -> Result<()> {
+pub async fn store(
+    client: &Client,
+    ns: &str,
+    entries: &BTreeMap<String, CachedProfile>,
+) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }

@@ -114,7 +114,12 @@ pub fn cluster_role_yaml() -> String {
          apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: heterotrain-operator\nrules:\n",
     );
     for r in RULES {
-        let list = |xs: &[&str]| xs.iter().map(|x| format!("\"{x}\"")).collect::<Vec<_>>().join(", ");
+        let list = |xs: &[&str]| {
+            xs.iter()
+                .map(|x| format!("\"{x}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         out.push_str(&format!(
             "# {}\n- apiGroups: [\"{}\"]\n  resources: [{}]\n  verbs: [{}]\n",
             r.why,

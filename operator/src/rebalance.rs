@@ -71,7 +71,8 @@ pub async fn round(ctx: &Context, job: &HeteroTrainingJob, obs: &Observed, base:
                     gang,
                     balancer,
                     last_scrape: None,
-                    last_decision: None,
+                    // The first decision waits one interval for live data.
+                    last_decision: Some(Instant::now()),
                     last_samples: vec![None; world],
                     pending: None,
                     cached: vec![false; world],
@@ -93,7 +94,11 @@ pub async fn round(ctx: &Context, job: &HeteroTrainingJob, obs: &Observed, base:
     out
 }
 
-async fn read_metrics(ctx: &Context, job: &HeteroTrainingJob, obs: &Observed) -> Vec<Result<RankMetrics>> {
+async fn read_metrics(
+    ctx: &Context,
+    job: &HeteroTrainingJob,
+    obs: &Observed,
+) -> Vec<Result<RankMetrics>> {
     let spec = &job.spec;
     let world = spec.world_size() as usize;
     let gang = job.status.as_ref().map_or(0, |s| s.restarts);
@@ -114,12 +119,21 @@ async fn read_metrics(ctx: &Context, job: &HeteroTrainingJob, obs: &Observed) ->
                 .collect();
         };
         let ns = job.namespace().unwrap_or_default();
-        return match ctx.scraper.query_prometheus(&url, &ns, &job.name_any(), world).await {
+        return match ctx
+            .scraper
+            .query_prometheus(&url, &ns, &job.name_any(), world)
+            .await
+        {
             Ok(v) => v,
             Err(e) => {
                 let msg = e.to_string();
                 (0..world)
-                    .map(|_| Err(Error::Scrape { target: url.clone(), message: msg.clone() }))
+                    .map(|_| {
+                        Err(Error::Scrape {
+                            target: url.clone(),
+                            message: msg.clone(),
+                        })
+                    })
                     .collect()
             }
         };
@@ -157,11 +171,12 @@ async fn step(
     let mut sps: Vec<Option<f64>> = vec![None; world];
     let mut gens: Vec<Option<u64>> = vec![None; world];
     let mut new_profiles = BTreeMap::new();
+    let mut sampled = 0usize;
     for (r, res) in results.iter().enumerate().take(world) {
         match res {
             Ok(m) => {
                 let had_profile = st.balancer.profiles().get(r).is_some_and(Option::is_some);
-                st.balancer.observe(r, m);
+                sampled += usize::from(st.balancer.observe(r, m));
                 gens[r] = m.plan_generation;
                 if r == 0 {
                     x.step = m.step.or(x.step);
@@ -194,7 +209,7 @@ async fn step(
         x.cluster_samples_per_second = Some(sps.iter().flatten().sum());
     }
     let q = st.balancer.quality();
-    if q.cv_percent > 0.0 || x.balance.is_some() {
+    if sampled > 0 {
         x.balance = Some(BalanceStatus {
             cv_percent: q.cv_percent,
             class: q.class.as_str().into(),
@@ -202,7 +217,9 @@ async fn step(
     }
     if let Some((g, t)) = st.pending {
         if gens.iter().all(|v| v.is_some_and(|v| v >= g)) {
-            ctx.metrics.plan_propagation.observe(t.elapsed().as_secs_f64());
+            ctx.metrics
+                .plan_propagation
+                .observe(t.elapsed().as_secs_f64());
             st.pending = None;
         }
     }
@@ -210,22 +227,38 @@ async fn step(
 
     x.conditions.clear();
     if spec.profiling.enabled {
-        let n = st.balancer.profiles().iter().filter(|p| p.is_some()).count();
+        let n = st
+            .balancer
+            .profiles()
+            .iter()
+            .filter(|p| p.is_some())
+            .count();
         x.conditions.push(if n == world {
-            Desired::yes(types::PROFILED, reasons::PROFILES_REPORTED, format!("all {world} ranks reported their profile"))
+            Desired::yes(
+                types::PROFILED,
+                reasons::PROFILES_REPORTED,
+                format!("all {world} ranks reported their profile"),
+            )
         } else {
-            Desired::no(types::PROFILED, reasons::AWAITING_PROFILES, format!("{n} of {world} ranks reported their profile"))
+            Desired::no(
+                types::PROFILED,
+                reasons::AWAITING_PROFILES,
+                format!("{n} of {world} ranks reported their profile"),
+            )
         });
     }
 
-    let decide_due = st.last_decision.is_none_or(|t| t.elapsed() >= cfg.rebalance_interval.mul_f64(0.95));
+    let decide_due = st
+        .last_decision
+        .is_none_or(|t| t.elapsed() >= cfg.rebalance_interval.mul_f64(0.95));
     if !decide_due {
         return x;
     }
     st.last_decision = Some(Instant::now());
-    let current = x.plan.clone().unwrap_or_else(|| {
-        BatchPlan::equal(0, spec.training.global_batch_size, world)
-    });
+    let current = x
+        .plan
+        .clone()
+        .unwrap_or_else(|| BatchPlan::equal(0, spec.training.global_batch_size, world));
     let round = match st.balancer.decide(&current) {
         Ok(r) => r,
         Err(e) => {
@@ -254,7 +287,9 @@ async fn step(
     }
     ctx.metrics
         .rebalances
-        .get_or_create(&PolicyLabel { policy: policy.into() })
+        .get_or_create(&PolicyLabel {
+            policy: policy.into(),
+        })
         .inc();
     st.pending = Some((plan.generation, Instant::now()));
     let note = format!(
@@ -262,12 +297,22 @@ async fn step(
         plan.generation, plan.batch_sizes, plan.reason
     );
     info!(job = %job.name_any(), "{note}");
-    ctx.event(job, &EventSpec { warning: false, reason: reasons::REBALANCED.into(), note: note.clone() })
-        .await;
+    ctx.event(
+        job,
+        &EventSpec {
+            warning: false,
+            reason: reasons::REBALANCED.into(),
+            note: note.clone(),
+        },
+    )
+    .await;
     x.conditions.push(Desired::yes(
         types::REBALANCED,
         reasons::REBALANCED,
-        format!("plan generation {} written: {:?}", plan.generation, plan.batch_sizes),
+        format!(
+            "plan generation {} written: {:?}",
+            plan.generation, plan.batch_sizes
+        ),
     ));
     x.last_rebalance = Some(RebalanceStatus {
         generation: plan.generation,
@@ -302,11 +347,16 @@ async fn store_profiles(
             .find(|x| x.rank == Some(*r as u32))
             .and_then(|x| x.node_name.as_deref());
         if let Some(acc) = profile_cache::accelerator_of(&ctx.client, node, g).await {
-            entries.insert(profile_cache::key(&acc, g.device, &job.spec.model), p.into());
+            entries.insert(
+                profile_cache::key(&acc, g.device, &job.spec.model),
+                p.into(),
+            );
         }
         st.cached[*r] = true;
     }
-    if let Err(e) = profile_cache::store(&ctx.client, &ctx.config.operator_namespace, &entries).await {
+    if let Err(e) =
+        profile_cache::store(&ctx.client, &ctx.config.operator_namespace, &entries).await
+    {
         warn!(error = %e, "storing profiles in the cache failed");
         ctx.metrics.error(e.metric_label());
     }

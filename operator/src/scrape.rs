@@ -72,7 +72,9 @@ impl RankMetrics {
             })
             .collect();
         points.sort_by_key(|p| p.0);
-        let max_batch = get(m::PROFILE_MAX_BATCH_SIZE).and_then(count).map(|v| v.min(u64::from(u32::MAX)) as u32);
+        let max_batch = get(m::PROFILE_MAX_BATCH_SIZE)
+            .and_then(count)
+            .map(|v| v.min(u64::from(u32::MAX)) as u32);
         let profile = match (points.is_empty(), max_batch) {
             (false, Some(max_batch)) if max_batch > 0 => Some(RankProfile {
                 points,
@@ -91,7 +93,9 @@ impl RankMetrics {
                 .map(|v| v.min(u64::from(u32::MAX)) as u32),
             last_step_compute_seconds: get(m::LAST_STEP_COMPUTE_SECONDS),
             step: get(m::STEP).and_then(count),
-            epoch: get(m::EPOCH).and_then(count).map(|v| v.min(u64::from(u32::MAX)) as u32),
+            epoch: get(m::EPOCH)
+                .and_then(count)
+                .map(|v| v.min(u64::from(u32::MAX)) as u32),
             plan_generation: get(m::PLAN_GENERATION).and_then(count),
             finished: get(m::FINISHED).is_some_and(|v| v >= 1.0),
             profile,
@@ -112,7 +116,11 @@ pub fn parse_exposition(text: &str) -> Result<Vec<Series>, std::io::Error> {
                 | prometheus_parse::Value::Untyped(v) => v,
                 _ => return None,
             };
-            let labels = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let labels = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             Some(Series {
                 name: s.metric,
                 labels,
@@ -148,7 +156,11 @@ impl Scraper {
         };
         let uri: hyper::Uri = url.parse().map_err(|e| fail(format!("bad URL: {e}")))?;
         let fut = async {
-            let resp = self.client.get(uri).await.map_err(|e| fail(e.to_string()))?;
+            let resp = self
+                .client
+                .get(uri)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
             let status = resp.status();
             let body = resp
                 .into_body()
@@ -168,7 +180,11 @@ impl Scraper {
 
     /// Scrape one pod's `/metrics`.
     pub async fn scrape_pod(&self, ip: &str, port: u16) -> Result<RankMetrics> {
-        let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_string() };
+        let host = if ip.contains(':') {
+            format!("[{ip}]")
+        } else {
+            ip.to_string()
+        };
         let url = format!("http://{host}:{port}/metrics");
         let text = self.get_text(&url).await?;
         let series = parse_exposition(&text).map_err(|e| Error::Scrape {
@@ -179,7 +195,11 @@ impl Scraper {
     }
 
     /// Scrape every rank concurrently; `targets[r]` is rank r's pod IP.
-    pub async fn scrape_pods(&self, targets: &[Option<String>], port: u16) -> Vec<Result<RankMetrics>> {
+    pub async fn scrape_pods(
+        &self,
+        targets: &[Option<String>],
+        port: u16,
+    ) -> Vec<Result<RankMetrics>> {
         futures::future::join_all(targets.iter().enumerate().map(|(rank, ip)| async move {
             match ip {
                 Some(ip) => self.scrape_pod(ip, port).await,
@@ -253,7 +273,9 @@ pub fn parse_prometheus_vector(text: &str) -> Result<Vec<Series>, String> {
     if v.get("status").and_then(|s| s.as_str()) != Some("success") {
         return Err(format!(
             "query failed: {}",
-            v.get("error").and_then(|e| e.as_str()).unwrap_or("no error text")
+            v.get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("no error text")
         ));
     }
     let result = v
@@ -264,7 +286,13 @@ pub fn parse_prometheus_vector(text: &str) -> Result<Vec<Series>, String> {
         .iter()
         .filter_map(|item| {
             let metric = item.get("metric")?.as_object()?;
-            let value = item.get("value")?.as_array()?.get(1)?.as_str()?.parse::<f64>().ok()?;
+            let value = item
+                .get("value")?
+                .as_array()?
+                .get(1)?
+                .as_str()?
+                .parse::<f64>()
+                .ok()?;
             let labels: HashMap<String, String> = metric
                 .iter()
                 .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))

@@ -37,7 +37,11 @@ pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrai
     let generation = job.metadata.generation;
     conditions::set(
         &mut s.conditions,
-        Desired::yes(conditions::types::FAILED, conditions::reasons::INVALID, message),
+        Desired::yes(
+            conditions::types::FAILED,
+            conditions::reasons::INVALID,
+            message,
+        ),
         generation,
         now,
     );
@@ -112,7 +116,12 @@ pub fn next(
                 replicas: g.replicas,
                 ready,
                 batch_sizes: plan
-                    .map(|p| ranks.iter().filter_map(|&r| p.batch_sizes.get(r).copied()).collect())
+                    .map(|p| {
+                        ranks
+                            .iter()
+                            .filter_map(|&r| p.batch_sizes.get(r).copied())
+                            .collect()
+                    })
                     .unwrap_or_default(),
                 samples_per_second: if sps.is_empty() {
                     old.and_then(|o| o.samples_per_second)
@@ -161,14 +170,17 @@ pub async fn patch_if_changed(
     if job.status.as_ref() == Some(status) {
         return Ok(false);
     }
-    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = job
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
     let body = serde_json::json!({
         "apiVersion": "heterotrain.dev/v1alpha1",
         "kind": "HeteroTrainingJob",
         "status": status,
     });
-    api.patch_status(&job.name_any(), &ssa(), &Patch::Apply(body)).await?;
+    api.patch_status(&job.name_any(), &ssa(), &Patch::Apply(body))
+        .await?;
     Ok(true)
 }
 

@@ -53,7 +53,8 @@ fn is_dns1035_label(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_lowercase()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[b.len() - 1] != b'-'
 }
 
@@ -92,7 +93,10 @@ pub fn validate(
         bad("spec.workers", "at least one worker group is needed".into());
     }
     if ranks == 0 {
-        bad("spec.workers", "the job has no ranks; give a group replicas ≥ 1".into());
+        bad(
+            "spec.workers",
+            "the job has no ranks; give a group replicas ≥ 1".into(),
+        );
     }
     if ranks > u64::from(MAX_RANKS) {
         bad(
@@ -106,7 +110,10 @@ pub fn validate(
         if !seen.insert(g.name.as_str()) {
             bad(
                 &f("name"),
-                format!("group name {:?} is used twice; group names must be unique", g.name),
+                format!(
+                    "group name {:?} is used twice; group names must be unique",
+                    g.name
+                ),
             );
         }
         if g.replicas == 0 {
@@ -185,7 +192,10 @@ pub fn validate(
         if max < lb.min_local_batch {
             bad(
                 "spec.loadBalancing.maxLocalBatch",
-                format!("maxLocalBatch {max} is below minLocalBatch {}", lb.min_local_batch),
+                format!(
+                    "maxLocalBatch {max} is below minLocalBatch {}",
+                    lb.min_local_batch
+                ),
             );
         }
         let cap_sum = ranks * u64::from(max);
@@ -205,7 +215,8 @@ pub fn validate(
     {
         bad(
             "spec.loadBalancing.prometheusUrl",
-            "metricsSource prometheus needs prometheusUrl (or the operator's --prometheus-url)".into(),
+            "metricsSource prometheus needs prometheusUrl (or the operator's --prometheus-url)"
+                .into(),
         );
     }
     if t.epochs.is_none() && t.max_steps.is_none() {
@@ -232,7 +243,10 @@ pub fn validate(
     }
     if let Some(w) = &t.weight_decay {
         if decimal(w).is_none() {
-            bad("spec.training.weightDecay", format!("weight decay {w:?} is not a number"));
+            bad(
+                "spec.training.weightDecay",
+                format!("weight decay {w:?} is not a number"),
+            );
         }
     }
     let text_model = spec.model.name == ModelName::Gpt;
@@ -243,7 +257,11 @@ pub fn validate(
             format!(
                 "model {} needs {} data, but dataset is {}",
                 spec.model.name.as_str(),
-                if text_model { "token (synthetic_text)" } else { "image" },
+                if text_model {
+                    "token (synthetic_text)"
+                } else {
+                    "image"
+                },
                 spec.dataset.name.as_str()
             ),
         );
@@ -270,13 +288,19 @@ pub fn validate(
     }
     if let Some(path) = &spec.dataset.path {
         if !path.starts_with('/') {
-            bad("spec.dataset.path", format!("{path:?} must be an absolute path"));
+            bad(
+                "spec.dataset.path",
+                format!("{path:?} must be an absolute path"),
+            );
         }
     }
     if !spec.checkpoint.path.starts_with('/') || spec.checkpoint.path == "/" {
         bad(
             "spec.checkpoint.path",
-            format!("{:?} must be an absolute directory other than /", spec.checkpoint.path),
+            format!(
+                "{:?} must be an absolute directory other than /",
+                spec.checkpoint.path
+            ),
         );
     }
     if spec.profiling.probe_batch_sizes.contains(&0) {
@@ -372,7 +396,10 @@ spec:
     #[test]
     fn operator_prometheus_url_satisfies_prometheus_jobs() {
         let mut v = base();
-        merge(&mut v["spec"], &serde_json::json!({"loadBalancing": {"metricsSource": "prometheus"}}));
+        merge(
+            &mut v["spec"],
+            &serde_json::json!({"loadBalancing": {"metricsSource": "prometheus"}}),
+        );
         let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
         assert!(validate("job", &job.spec, None).is_err());
         assert!(validate("job", &job.spec, Some("http://prom:9090")).is_ok());

@@ -44,20 +44,37 @@ async fn creates_owned_children_and_garbage_collects_them() {
     })
     .await;
     for (r, p) in ps.iter().enumerate() {
-        assert_eq!(p.metadata.name.as_deref(), Some(format!("train-{r}").as_str()));
+        assert_eq!(
+            p.metadata.name.as_deref(),
+            Some(format!("train-{r}").as_str())
+        );
         let l = labels(p);
         assert_eq!(l["heterotrain.dev/rank"], r.to_string());
         assert_eq!(l["heterotrain.dev/group"], "cpu");
         let owner = &p.metadata.owner_references.as_ref().expect("owner")[0];
-        assert_eq!((owner.uid.as_str(), owner.controller), (uid.as_str(), Some(true)));
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            (uid.as_str(), Some(true))
+        );
         let spec = p.spec.as_ref().expect("spec");
-        assert_eq!(spec.hostname.as_deref(), Some(format!("train-{r}").as_str()));
+        assert_eq!(
+            spec.hostname.as_deref(),
+            Some(format!("train-{r}").as_str())
+        );
         assert_eq!(spec.subdomain.as_deref(), Some("train"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let c = &spec.containers[0];
         assert_eq!(c.image.as_deref(), Some("test/trainer:1"));
-        let env_val = |n: &str| c.env.as_ref().and_then(|e| e.iter().find(|v| v.name == n)).and_then(|v| v.value.clone());
-        assert_eq!(env_val("MASTER_ADDR").as_deref(), Some("train-0.train.create.svc"));
+        let env_val = |n: &str| {
+            c.env
+                .as_ref()
+                .and_then(|e| e.iter().find(|v| v.name == n))
+                .and_then(|v| v.value.clone())
+        };
+        assert_eq!(
+            env_val("MASTER_ADDR").as_deref(),
+            Some("train-0.train.create.svc")
+        );
         assert_eq!(env_val("WORLD_SIZE").as_deref(), Some("3"));
         assert_eq!(env_val("RANK"), Some(r.to_string()));
         let managers: Vec<String> = p
@@ -67,15 +84,23 @@ async fn creates_owned_children_and_garbage_collects_them() {
             .flatten()
             .filter_map(|m| m.manager.clone())
             .collect();
-        assert!(managers.contains(&"heterotrain-operator".to_string()), "{managers:?}");
+        assert!(
+            managers.contains(&"heterotrain-operator".to_string()),
+            "{managers:?}"
+        );
     }
     let svcs: Api<Service> = Api::namespaced(env.admin.clone(), &env.ns);
     let svc = svcs.get("train").await.expect("service");
-    assert_eq!(svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()), Some("None"));
+    assert_eq!(
+        svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
+        Some("None")
+    );
     let p = plan(&env, "train").await.expect("plan");
     assert_eq!((p.generation, p.batch_sizes.clone()), (0, vec![11, 11, 10]));
     let created = eventually(Duration::from_secs(10), "Created condition", || async {
-        condition(&env, "train", "Created").await.filter(|c| c.0 == "True")
+        condition(&env, "train", "Created")
+            .await
+            .filter(|c| c.0 == "True")
     })
     .await;
     assert_eq!(created.1, "GangCreated");
@@ -84,14 +109,20 @@ async fn creates_owned_children_and_garbage_collects_them() {
 
     // Deleting the job garbage-collects every child.
     let jobs: Api<HeteroTrainingJob> = Api::namespaced(env.admin.clone(), &env.ns);
-    jobs.delete("train", &DeleteParams::foreground()).await.expect("delete");
+    jobs.delete("train", &DeleteParams::foreground())
+        .await
+        .expect("delete");
     let cms: Api<ConfigMap> = Api::namespaced(env.admin.clone(), &env.ns);
-    eventually(Duration::from_secs(60), "children garbage-collected", || async {
-        let gone = pods(&env, "train").await.is_empty()
-            && svcs.get_opt("train").await.ok().flatten().is_none()
-            && cms.get_opt("train-plan").await.ok().flatten().is_none();
-        gone.then_some(())
-    })
+    eventually(
+        Duration::from_secs(60),
+        "children garbage-collected",
+        || async {
+            let gone = pods(&env, "train").await.is_empty()
+                && svcs.get_opt("train").await.ok().flatten().is_none()
+                && cms.get_opt("train-plan").await.ok().flatten().is_none();
+            gone.then_some(())
+        },
+    )
     .await;
     op.stop().await;
 }
@@ -116,25 +147,44 @@ async fn invalid_jobs_get_a_condition_and_no_pods() {
         merge(&mut v["spec"], &case["patch"]);
         let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
         create_job(&env, &job).await;
-        names.push((format!("bad-{i}"), case["expect"].as_str().expect("expect").to_string()));
+        names.push((
+            format!("bad-{i}"),
+            case["expect"].as_str().expect("expect").to_string(),
+        ));
     }
     for (name, expect) in &names {
         let (status, reason, message) = eventually(Duration::from_secs(30), name, || async {
             condition(&env, name, "Failed").await
         })
         .await;
-        assert_eq!((status.as_str(), reason.as_str()), ("True", "Invalid"), "{name}");
-        assert!(message.contains(expect.as_str()), "{name}: {expect:?} not in {message:?}");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "Invalid"),
+            "{name}"
+        );
+        assert!(
+            message.contains(expect.as_str()),
+            "{name}: {expect:?} not in {message:?}"
+        );
         let job = get_job(&env, name).await.expect("job");
         assert_eq!(job.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
     }
-    assert!(pods(&env, "").await.is_empty() || {
-        let api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-        api.list(&Default::default()).await.expect("pods").items.is_empty()
-    });
+    let all_pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    assert!(all_pods
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items
+        .is_empty());
     let ev = events(&env).await;
-    let invalid_events = ev.iter().filter(|e| e.reason.as_deref() == Some("Invalid")).count();
-    assert!(invalid_events >= names.len(), "{invalid_events} Invalid events");
+    let invalid_events = ev
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Invalid"))
+        .count();
+    assert!(
+        invalid_events >= names.len(),
+        "{invalid_events} Invalid events"
+    );
     op.stop().await;
 }
 
@@ -171,31 +221,57 @@ async fn three_to_one_speed_gets_a_three_to_one_plan() {
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("fast-slow", 2, ""))).await;
     run_gang(&env, "fast-slow", 2, 0).await;
     let started = std::time::Instant::now();
-    let p = eventually(Duration::from_secs(20), "a new plan", || async {
-        plan(&env, "fast-slow").await.filter(|p| p.generation >= 1)
+    let ratio_of =
+        |p: &heterotrain_crds::BatchPlan| f64::from(p.batch_sizes[0]) / f64::from(p.batch_sizes[1]);
+    let p = eventually(Duration::from_secs(20), "a roughly 3:1 plan", || async {
+        plan(&env, "fast-slow")
+            .await
+            .filter(|p| p.generation >= 1 && (2.4..=3.6).contains(&ratio_of(p)))
     })
     .await;
-    // Two rebalance intervals (1.5 s each) after the ranks run, plus scheduling slack.
-    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+    // Within two rebalance intervals (1.5 s each) of the ranks running, plus slack
+    // for pod-status round trips.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(p.generation <= 2, "{p:?}");
     assert_eq!(p.batch_sizes.iter().sum::<u32>(), 32);
-    let ratio = f64::from(p.batch_sizes[0]) / f64::from(p.batch_sizes[1]);
-    assert!((2.4..=3.6).contains(&ratio), "plan {:?}", p.batch_sizes);
-    let job = eventually(Duration::from_secs(10), "status records the rebalance", || async {
-        get_job(&env, "fast-slow").await.filter(|j| {
-            j.status.as_ref().and_then(|s| s.last_rebalance.as_ref()).is_some_and(|r| r.generation >= 1)
-        })
-    })
+    assert_eq!(p.batch_sizes, [24, 8]);
+    let job = eventually(
+        Duration::from_secs(10),
+        "status records the rebalance",
+        || async {
+            get_job(&env, "fast-slow").await.filter(|j| {
+                j.status
+                    .as_ref()
+                    .and_then(|s| s.last_rebalance.as_ref())
+                    .is_some_and(|r| r.generation >= 1)
+            })
+        },
+    )
     .await;
     let st = job.status.expect("status");
     assert!(st.plan_generation >= 1);
     let lr = st.last_rebalance.expect("last rebalance");
     assert!(lr.predicted_gain_percent > 5.0, "{lr:?}");
     assert!(st.balance.is_some());
-    assert!(st.conditions.iter().any(|c| c.type_ == "Rebalanced" && c.status == "True"));
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Rebalanced" && c.status == "True"));
     let ev = events(&env).await;
-    let rebalanced: Vec<_> = ev.iter().filter(|e| e.reason.as_deref() == Some("Rebalanced")).collect();
+    let rebalanced: Vec<_> = ev
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Rebalanced"))
+        .collect();
     assert!(!rebalanced.is_empty());
-    assert!(rebalanced[0].note.as_deref().unwrap_or_default().contains("predicted gain"));
+    assert!(rebalanced[0]
+        .note
+        .as_deref()
+        .unwrap_or_default()
+        .contains("predicted gain"));
     op.stop().await;
 }
 
@@ -207,16 +283,25 @@ async fn equal_speeds_keep_the_plan() {
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("even", 2, ""))).await;
     run_gang(&env, "even", 2, 0).await;
     // Wait until the operator has read metrics several times.
-    eventually(Duration::from_secs(20), "measured throughput in status", || async {
-        get_job(&env, "even").await.filter(|j| {
-            j.status.as_ref().is_some_and(|s| s.cluster_samples_per_second.is_some() && s.step > 0)
-        })
-    })
+    eventually(
+        Duration::from_secs(20),
+        "measured throughput in status",
+        || async {
+            get_job(&env, "even").await.filter(|j| {
+                j.status
+                    .as_ref()
+                    .is_some_and(|s| s.cluster_samples_per_second.is_some() && s.step > 0)
+            })
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let p = plan(&env, "even").await.expect("plan");
     assert_eq!((p.generation, p.batch_sizes), (0, vec![16, 16]));
-    let st = get_job(&env, "even").await.and_then(|j| j.status).expect("status");
+    let st = get_job(&env, "even")
+        .await
+        .and_then(|j| j.status)
+        .expect("status");
     assert!(st.last_rebalance.is_none());
     assert_eq!(st.balance.map(|b| b.class).as_deref(), Some("Excellent"));
     op.stop().await;
@@ -226,7 +311,14 @@ async fn equal_speeds_keep_the_plan() {
 async fn failed_rank_recreates_the_gang_until_backoff_limit() {
     let env = env("restart").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
-    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("flaky", 2, "  runPolicy: {backoffLimit: 1}"))).await;
+    create_job(
+        &env,
+        &job_from_yaml(
+            &env.ns,
+            &job_yaml("flaky", 2, "  runPolicy: {backoffLimit: 1}"),
+        ),
+    )
+    .await;
     let first = run_gang(&env, "flaky", 2, 0).await;
     let first_uids: Vec<_> = first.iter().map(|p| p.metadata.uid.clone()).collect();
     finish_pod(&env, "flaky-1", 3, "Error").await;
@@ -246,11 +338,19 @@ async fn failed_rank_recreates_the_gang_until_backoff_limit() {
 
     finish_pod(&env, "flaky-0", 137, "OOMKilled").await;
     let (status, reason, message) = eventually(Duration::from_secs(30), "Failed", || async {
-        condition(&env, "flaky", "Failed").await.filter(|c| c.0 == "True")
+        condition(&env, "flaky", "Failed")
+            .await
+            .filter(|c| c.0 == "True")
     })
     .await;
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "BackoffLimitExceeded"));
-    assert!(message.contains("rank 0") && message.contains("137") && message.contains("OOMKilled"), "{message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "BackoffLimitExceeded")
+    );
+    assert!(
+        message.contains("rank 0") && message.contains("137") && message.contains("OOMKilled"),
+        "{message}"
+    );
     let job = get_job(&env, "flaky").await.expect("job");
     let st = job.status.expect("status");
     assert_eq!((st.restarts, st.phase.as_deref()), (1, Some("Failed")));
@@ -265,7 +365,9 @@ async fn failed_rank_recreates_the_gang_until_backoff_limit() {
     })
     .await;
     let ev = events(&env).await;
-    assert!(ev.iter().any(|e| e.reason.as_deref() == Some("GangRestarting")));
+    assert!(ev
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("GangRestarting")));
     op.stop().await;
 }
 
@@ -276,24 +378,45 @@ async fn suspend_stops_pods_and_resume_recreates_them() {
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("pausable", 2, ""))).await;
     run_gang(&env, "pausable", 2, 0).await;
     let before = plan(&env, "pausable").await.expect("plan");
-    patch_job_spec(&env, "pausable", serde_json::json!({"runPolicy": {"suspend": true}})).await;
-    eventually(Duration::from_secs(30), "pods gone and Suspended", || async {
-        let c = condition(&env, "pausable", "Suspended").await?;
-        (c.0 == "True" && pods(&env, "pausable").await.is_empty()).then_some(())
-    })
+    patch_job_spec(
+        &env,
+        "pausable",
+        serde_json::json!({"runPolicy": {"suspend": true}}),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "pods gone and Suspended",
+        || async {
+            let c = condition(&env, "pausable", "Suspended").await?;
+            (c.0 == "True" && pods(&env, "pausable").await.is_empty()).then_some(())
+        },
+    )
     .await;
     let job = get_job(&env, "pausable").await.expect("job");
-    assert_eq!(job.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Suspended"));
+    assert_eq!(
+        job.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Suspended")
+    );
     assert_eq!(plan(&env, "pausable").await, Some(before));
-    patch_job_spec(&env, "pausable", serde_json::json!({"runPolicy": {"suspend": false}})).await;
+    patch_job_spec(
+        &env,
+        "pausable",
+        serde_json::json!({"runPolicy": {"suspend": false}}),
+    )
+    .await;
     run_gang(&env, "pausable", 2, 0).await;
     let c = eventually(Duration::from_secs(20), "Suspended=False", || async {
-        condition(&env, "pausable", "Suspended").await.filter(|c| c.0 == "False")
+        condition(&env, "pausable", "Suspended")
+            .await
+            .filter(|c| c.0 == "False")
     })
     .await;
     assert_eq!(c.1, "Resumed");
     eventually(Duration::from_secs(20), "Running", || async {
-        condition(&env, "pausable", "Running").await.filter(|c| c.0 == "True")
+        condition(&env, "pausable", "Running")
+            .await
+            .filter(|c| c.0 == "True")
     })
     .await;
     op.stop().await;
@@ -303,12 +426,22 @@ async fn suspend_stops_pods_and_resume_recreates_them() {
 async fn active_deadline_fails_the_job() {
     let env = env("deadline").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
-    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("slowpoke", 1, "  runPolicy: {activeDeadlineSeconds: 3}"))).await;
-    run_gang(&env, "slowpoke", 1, 0).await;
-    let (_, reason, message) = eventually(Duration::from_secs(30), "Failed by deadline", || async {
-        condition(&env, "slowpoke", "Failed").await.filter(|c| c.0 == "True")
-    })
+    create_job(
+        &env,
+        &job_from_yaml(
+            &env.ns,
+            &job_yaml("slowpoke", 1, "  runPolicy: {activeDeadlineSeconds: 3}"),
+        ),
+    )
     .await;
+    run_gang(&env, "slowpoke", 1, 0).await;
+    let (_, reason, message) =
+        eventually(Duration::from_secs(30), "Failed by deadline", || async {
+            condition(&env, "slowpoke", "Failed")
+                .await
+                .filter(|c| c.0 == "True")
+        })
+        .await;
     assert_eq!(reason, "DeadlineExceeded");
     assert!(message.contains("activeDeadlineSeconds 3"));
     eventually(Duration::from_secs(20), "pods deleted", || async {
@@ -322,13 +455,24 @@ async fn active_deadline_fails_the_job() {
 async fn succeeded_job_is_deleted_after_its_ttl() {
     let env = env("ttl").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
-    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("done", 2, "  runPolicy: {ttlSecondsAfterFinished: 3}"))).await;
+    create_job(
+        &env,
+        &job_from_yaml(
+            &env.ns,
+            &job_yaml("done", 2, "  runPolicy: {ttlSecondsAfterFinished: 3}"),
+        ),
+    )
+    .await;
     run_gang(&env, "done", 2, 0).await;
     finish_pod(&env, "done-0", 0, "Completed").await;
     finish_pod(&env, "done-1", 0, "Completed").await;
     let job = eventually(Duration::from_secs(20), "Succeeded", || async {
         get_job(&env, "done").await.filter(|j| {
-            j.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Succeeded" && c.status == "True"))
+            j.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Succeeded" && c.status == "True")
+            })
         })
     })
     .await;
@@ -340,7 +484,10 @@ async fn succeeded_job_is_deleted_after_its_ttl() {
         get_job(&env, "done").await.is_none().then_some(())
     })
     .await;
-    assert!(finished.elapsed() >= Duration::from_secs(2), "deleted too early");
+    assert!(
+        finished.elapsed() >= Duration::from_secs(2),
+        "deleted too early"
+    );
     op.stop().await;
 }
 
@@ -354,36 +501,52 @@ async fn only_the_leader_writes() {
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("led", 2, ""))).await;
     run_gang(&env, "led", 2, 0).await;
     eventually(Duration::from_secs(20), "Running", || async {
-        condition(&env, "led", "Running").await.filter(|c| c.0 == "True")
+        condition(&env, "led", "Running")
+            .await
+            .filter(|c| c.0 == "True")
     })
     .await;
+    let ours = |e: &&k8s_openapi::api::events::v1::Event| {
+        e.reporting_controller.as_deref() == Some("heterotrain-operator")
+    };
     let reporters: Vec<String> = events(&env)
         .await
         .iter()
+        .filter(ours)
         .filter_map(|e| e.reporting_instance.clone())
         .collect();
     assert!(!reporters.is_empty());
     assert!(reporters.iter().all(|r| r == "replica-a"), "{reporters:?}");
     assert_eq!(a.ctx.metrics.leader.get(), 1);
     assert_eq!(b.ctx.metrics.leader.get(), 0);
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.admin.clone(), &env.ns);
     let lease = leases.get("heterotrain-operator").await.expect("lease");
-    assert_eq!(lease.spec.and_then(|s| s.holder_identity).as_deref(), Some("replica-a"));
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-a")
+    );
 
     // The leader stops; the standby takes over and reconciles.
     a.stop().await;
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("led-later", 1, ""))).await;
-    eventually(Duration::from_secs(30), "the standby creates pods", || async {
-        (pods(&env, "led-later").await.len() == 1).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the standby creates pods",
+        || async { (pods(&env, "led-later").await.len() == 1).then_some(()) },
+    )
     .await;
     let reporters: Vec<String> = events(&env)
         .await
         .iter()
+        .filter(ours)
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("led-later"))
         .filter_map(|e| e.reporting_instance.clone())
         .collect();
-    assert!(reporters.iter().all(|r| r == "replica-b") && !reporters.is_empty(), "{reporters:?}");
+    assert!(
+        reporters.iter().all(|r| r == "replica-b") && !reporters.is_empty(),
+        "{reporters:?}"
+    );
     b.stop().await;
 }
 
@@ -394,14 +557,21 @@ async fn immutable_change_is_reported_not_applied() {
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("fixed", 2, ""))).await;
     let before = run_gang(&env, "fixed", 2, 0).await;
     patch_job_spec(&env, "fixed", serde_json::json!({"model": {"hidden": 256}})).await;
-    let (_, reason, message) = eventually(Duration::from_secs(20), "SpecChangeRejected", || async {
-        condition(&env, "fixed", "SpecChangeRejected").await.filter(|c| c.0 == "True")
-    })
-    .await;
+    let (_, reason, message) =
+        eventually(Duration::from_secs(20), "SpecChangeRejected", || async {
+            condition(&env, "fixed", "SpecChangeRejected")
+                .await
+                .filter(|c| c.0 == "True")
+        })
+        .await;
     assert_eq!(reason, "ImmutableFieldChanged");
     assert!(message.contains("spec.model"), "{message}");
     let after = pods(&env, "fixed").await;
-    let uids = |ps: &[Pod]| ps.iter().map(|p| p.metadata.uid.clone()).collect::<Vec<_>>();
+    let uids = |ps: &[Pod]| {
+        ps.iter()
+            .map(|p| p.metadata.uid.clone())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(uids(&before), uids(&after));
     op.stop().await;
 }
@@ -411,17 +581,115 @@ async fn operator_serves_its_metrics() {
     let env = env("metrics").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
     create_job(&env, &job_from_yaml(&env.ns, &job_yaml("m", 1, ""))).await;
-    eventually(Duration::from_secs(20), "a pod", || async { (pods(&env, "m").await.len() == 1).then_some(()) }).await;
-    let (listener, addr) = heterotrain_operator::server::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    eventually(Duration::from_secs(20), "a pod", || async {
+        (pods(&env, "m").await.len() == 1).then_some(())
+    })
+    .await;
+    let (listener, addr) = heterotrain_operator::server::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
     let ctx = op.ctx.clone();
-    tokio::spawn(heterotrain_operator::server::serve(listener, ctx, std::future::pending()));
+    tokio::spawn(heterotrain_operator::server::serve(
+        listener,
+        ctx,
+        std::future::pending(),
+    ));
     let scraper = heterotrain_operator::scrape::Scraper::new(Duration::from_secs(2));
-    let text = scraper.get_text(&format!("http://{addr}/metrics")).await.expect("metrics");
-    assert!(text.contains("heterotrain_operator_reconciles_total"), "{text}");
+    let text = scraper
+        .get_text(&format!("http://{addr}/metrics"))
+        .await
+        .expect("metrics");
+    assert!(
+        text.contains("heterotrain_operator_reconciles_total"),
+        "{text}"
+    );
     assert!(text.contains("heterotrain_operator_reconcile_duration_seconds_bucket"));
     assert!(text.contains("heterotrain_operator_leader 1"));
-    assert_eq!(scraper.get_text(&format!("http://{addr}/healthz")).await.expect("healthz"), "ok\n");
-    assert_eq!(scraper.get_text(&format!("http://{addr}/readyz")).await.expect("readyz"), "ok\n");
+    assert_eq!(
+        scraper
+            .get_text(&format!("http://{addr}/healthz"))
+            .await
+            .expect("healthz"),
+        "ok\n"
+    );
+    assert_eq!(
+        scraper
+            .get_text(&format!("http://{addr}/readyz"))
+            .await
+            .expect("readyz"),
+        "ok\n"
+    );
     let _ = PostParams::default();
+    op.stop().await;
+}
+
+const PROFILED_JOB: &str = r#"
+  workers:
+    - {name: fast, replicas: 1, nodeSelector: {heterotrain.dev/accelerator: fast-cpu}}
+    - {name: slow, replicas: 1, nodeSelector: {heterotrain.dev/accelerator: slow-cpu}}
+  model: {name: mlp, hidden: 32}
+  dataset: {name: synthetic_image}
+  training: {globalBatchSize: 32, maxSteps: 1000}
+  metricsPort: 19400
+"#;
+
+#[tokio::test]
+async fn profiles_give_the_first_plan_and_seed_the_next_job() {
+    let env = env("profiles").await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    let ranks = start_fake_ranks(&env, &[0.01, 0.03], 16).await;
+    for (r, f) in ranks.iter().enumerate() {
+        let c = if r == 0 { 0.01 } else { 0.03 };
+        f.lock().expect("rank").profile = Some(vec![
+            (8, 0.002 + 8.0 * c),
+            (16, 0.002 + 16.0 * c),
+            (32, 0.002 + 32.0 * c),
+        ]);
+    }
+    let yaml = format!("apiVersion: heterotrain.dev/v1alpha1\nkind: HeteroTrainingJob\nmetadata: {{name: first}}\nspec:{PROFILED_JOB}");
+    create_job(&env, &job_from_yaml(&env.ns, &yaml)).await;
+    run_gang(&env, "first", 2, 0).await;
+    let p = eventually(Duration::from_secs(20), "a profile plan", || async {
+        plan(&env, "first").await.filter(|p| p.generation >= 1)
+    })
+    .await;
+    assert_eq!(p.policy, "proportional", "{p:?}");
+    assert!(p.reason.contains("profiles"), "{p:?}");
+    assert_eq!(p.batch_sizes, [24, 8]);
+    let c = eventually(Duration::from_secs(10), "Profiled", || async {
+        condition(&env, "first", "Profiled")
+            .await
+            .filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(c.1, "ProfilesReported");
+    // The cache in the operator's namespace holds both profiles.
+    let cms: Api<ConfigMap> = Api::namespaced(env.admin.clone(), &env.ns);
+    let cache = eventually(Duration::from_secs(10), "profile cache", || async {
+        cms.get_opt("heterotrain-profile-cache")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .filter(|d| d.len() == 2)
+    })
+    .await;
+    assert!(
+        cache.keys().any(|k| k.starts_with("fast-cpu_cpu_mlp.h32")),
+        "{cache:?}"
+    );
+    // A second job on the same hardware starts balanced at generation 0.
+    let yaml = format!("apiVersion: heterotrain.dev/v1alpha1\nkind: HeteroTrainingJob\nmetadata: {{name: second}}\nspec:{PROFILED_JOB}");
+    create_job(&env, &job_from_yaml(&env.ns, &yaml)).await;
+    let p = eventually(Duration::from_secs(20), "second job's plan", || async {
+        plan(&env, "second").await
+    })
+    .await;
+    assert_eq!(
+        (p.generation, p.batch_sizes.clone()),
+        (0, vec![24, 8]),
+        "{p:?}"
+    );
+    assert!(p.reason.contains("cached profiles"));
     op.stop().await;
 }

@@ -47,7 +47,9 @@ pub struct JobRef {
 impl JobRef {
     /// Name, namespace and controller owner reference of `job`.
     pub fn of(job: &HeteroTrainingJob) -> Result<JobRef> {
-        let namespace = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        let namespace = job
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
         let owner = job
             .controller_owner_ref(&())
             .ok_or(Error::MissingField("metadata.uid"))?;

@@ -88,7 +88,10 @@ pub fn pod(
     let mut pod_labels = common_labels(&r.name);
     pod_labels.insert(labels::GROUP.into(), g.name.clone());
     pod_labels.insert(labels::RANK.into(), rank.to_string());
-    pod_labels.insert(names::RESTART_LABEL.into(), inputs.restart_count.to_string());
+    pod_labels.insert(
+        names::RESTART_LABEL.into(),
+        inputs.restart_count.to_string(),
+    );
 
     let mut env_vars = vec![
         env("RANK", rank.to_string()),

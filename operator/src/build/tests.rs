@@ -36,7 +36,10 @@ fn env_value(pod: &Pod, name: &str) -> Option<String> {
 }
 
 fn args_of(pod: &Pod) -> Vec<String> {
-    pod.spec.as_ref().expect("spec").containers[0].args.clone().expect("args")
+    pod.spec.as_ref().expect("spec").containers[0]
+        .args
+        .clone()
+        .expect("args")
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
@@ -50,7 +53,11 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
     let job = fixture("mixed.yaml");
     let d = desired(&job, &inputs(&job, 1)).expect("build");
     assert_eq!(d.pods.len(), 3);
-    let names: Vec<String> = d.pods.iter().map(|p| p.metadata.name.clone().expect("name")).collect();
+    let names: Vec<String> = d
+        .pods
+        .iter()
+        .map(|p| p.metadata.name.clone().expect("name"))
+        .collect();
     assert_eq!(names, ["mixed-0", "mixed-1", "mixed-2"]);
     for (rank, pod) in d.pods.iter().enumerate() {
         let l = pod.metadata.labels.as_ref().expect("labels");
@@ -58,7 +65,10 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         assert_eq!(l["heterotrain.dev/rank"], rank.to_string());
         assert_eq!(l["app.kubernetes.io/managed-by"], "heterotrain-operator");
         assert_eq!(l["heterotrain.dev/restart"], "1");
-        assert_eq!(l["heterotrain.dev/group"], if rank == 0 { "a100" } else { "cpu" });
+        assert_eq!(
+            l["heterotrain.dev/group"],
+            if rank == 0 { "a100" } else { "cpu" }
+        );
         let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!(owner.kind, "HeteroTrainingJob");
         assert_eq!(owner.controller, Some(true));
@@ -71,41 +81,101 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         assert_eq!(env_value(pod, "RANK"), Some(rank.to_string()));
         assert_eq!(env_value(pod, "WORLD_SIZE").as_deref(), Some("3"));
         assert_eq!(env_value(pod, "LOCAL_RANK").as_deref(), Some("0"));
-        assert_eq!(env_value(pod, "MASTER_ADDR").as_deref(), Some("mixed-0.mixed.research.svc"));
+        assert_eq!(
+            env_value(pod, "MASTER_ADDR").as_deref(),
+            Some("mixed-0.mixed.research.svc")
+        );
         assert_eq!(env_value(pod, "MASTER_PORT").as_deref(), Some("29500"));
-        assert_eq!(env_value(pod, "HETEROTRAIN_PLAN_CONFIGMAP").as_deref(), Some("mixed-plan"));
-        assert_eq!(env_value(pod, "HETEROTRAIN_RESTART_COUNT").as_deref(), Some("1"));
-        let ip = env_of(pod, "POD_IP").and_then(|e| e.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
+        assert_eq!(
+            env_value(pod, "HETEROTRAIN_PLAN_CONFIGMAP").as_deref(),
+            Some("mixed-plan")
+        );
+        assert_eq!(
+            env_value(pod, "HETEROTRAIN_RESTART_COUNT").as_deref(),
+            Some("1")
+        );
+        let ip = env_of(pod, "POD_IP")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref());
         assert_eq!(ip.map(|f| f.field_path.as_str()), Some("status.podIP"));
-        let ns = env_of(pod, "HETEROTRAIN_NAMESPACE").and_then(|e| e.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
-        assert_eq!(ns.map(|f| f.field_path.as_str()), Some("metadata.namespace"));
+        let ns = env_of(pod, "HETEROTRAIN_NAMESPACE")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref());
+        assert_eq!(
+            ns.map(|f| f.field_path.as_str()),
+            Some("metadata.namespace")
+        );
         // Restricted security context.
-        let psc = spec.security_context.as_ref().expect("pod security context");
+        let psc = spec
+            .security_context
+            .as_ref()
+            .expect("pod security context");
         assert_eq!(psc.run_as_non_root, Some(true));
-        assert_eq!(psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()), Some("RuntimeDefault"));
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault")
+        );
         let c = &spec.containers[0];
-        let sc = c.security_context.as_ref().expect("container security context");
+        let sc = c
+            .security_context
+            .as_ref()
+            .expect("container security context");
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(sc.read_only_root_filesystem, Some(true));
-        assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
         let mounts = c.volume_mounts.as_ref().expect("mounts");
-        assert!(mounts.iter().any(|m| m.mount_path == "/scratch" && m.read_only.is_none()));
+        assert!(mounts
+            .iter()
+            .any(|m| m.mount_path == "/scratch" && m.read_only.is_none()));
         assert!(mounts.iter().any(|m| m.mount_path == "/checkpoints"));
-        assert!(mounts.iter().any(|m| m.mount_path == "/data/cifar10" && m.read_only == Some(true)));
+        assert!(mounts
+            .iter()
+            .any(|m| m.mount_path == "/data/cifar10" && m.read_only == Some(true)));
         let vols = spec.volumes.as_ref().expect("volumes");
-        let ckpt = vols.iter().find(|v| v.name == "checkpoints").expect("checkpoint volume");
-        assert_eq!(ckpt.persistent_volume_claim.as_ref().map(|p| p.claim_name.as_str()), Some("ckpt"));
+        let ckpt = vols
+            .iter()
+            .find(|v| v.name == "checkpoints")
+            .expect("checkpoint volume");
+        assert_eq!(
+            ckpt.persistent_volume_claim
+                .as_ref()
+                .map(|p| p.claim_name.as_str()),
+            Some("ckpt")
+        );
         let ports = c.ports.as_ref().expect("ports");
-        assert!(ports.iter().any(|p| p.name.as_deref() == Some("metrics") && p.container_port == 9400));
-        assert_eq!(c.command.as_deref(), Some(&["heterotrain-trainer".to_string()][..]));
+        assert!(ports
+            .iter()
+            .any(|p| p.name.as_deref() == Some("metrics") && p.container_port == 9400));
+        assert_eq!(
+            c.command.as_deref(),
+            Some(&["heterotrain-trainer".to_string()][..])
+        );
     }
     // GPU group: placement, resources, device.
     let gpu = d.pods[0].spec.as_ref().expect("spec");
-    assert_eq!(gpu.node_selector.as_ref().expect("selector")["heterotrain.dev/accelerator"], "NVIDIA-A100");
-    assert_eq!(gpu.tolerations.as_ref().expect("tolerations")[0].key.as_deref(), Some("nvidia.com/gpu"));
-    let limits = gpu.containers[0].resources.as_ref().and_then(|r| r.limits.as_ref()).expect("limits");
+    assert_eq!(
+        gpu.node_selector.as_ref().expect("selector")["heterotrain.dev/accelerator"],
+        "NVIDIA-A100"
+    );
+    assert_eq!(
+        gpu.tolerations.as_ref().expect("tolerations")[0]
+            .key
+            .as_deref(),
+        Some("nvidia.com/gpu")
+    );
+    let limits = gpu.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .expect("limits");
     assert_eq!(limits["nvidia.com/gpu"].0, "1");
-    assert_eq!(gpu.containers[0].image.as_deref(), Some("example.org/trainer:v1"));
+    assert_eq!(
+        gpu.containers[0].image.as_deref(),
+        Some("example.org/trainer:v1")
+    );
     let a = args_of(&d.pods[0]);
     assert_eq!(a[0], "train");
     assert_eq!(flag(&a, "--device").as_deref(), Some("cuda"));
@@ -113,9 +183,16 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
     // CPU group: affinity, own image, 1500m → 2 threads, extra env.
     let cpu = &d.pods[2];
     let cs = cpu.spec.as_ref().expect("spec");
-    assert!(cs.affinity.as_ref().and_then(|a| a.node_affinity.as_ref()).is_some());
+    assert!(cs
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .is_some());
     assert!(cs.node_selector.is_none());
-    assert_eq!(cs.containers[0].image.as_deref(), Some("example.org/trainer:cpu"));
+    assert_eq!(
+        cs.containers[0].image.as_deref(),
+        Some("example.org/trainer:cpu")
+    );
     assert_eq!(env_value(cpu, "EXTRA").as_deref(), Some("1"));
     let a = args_of(cpu);
     for (f, v) in [
@@ -152,8 +229,17 @@ fn service_and_plan() {
     assert_eq!(d.service.metadata.name.as_deref(), Some("mixed"));
     assert_eq!(svc.cluster_ip.as_deref(), Some("None"));
     assert_eq!(svc.publish_not_ready_addresses, Some(true));
-    assert_eq!(svc.selector.as_ref().expect("selector")["heterotrain.dev/job"], "mixed");
-    let ports: Vec<i32> = svc.ports.as_ref().expect("ports").iter().map(|p| p.port).collect();
+    assert_eq!(
+        svc.selector.as_ref().expect("selector")["heterotrain.dev/job"],
+        "mixed"
+    );
+    let ports: Vec<i32> = svc
+        .ports
+        .as_ref()
+        .expect("ports")
+        .iter()
+        .map(|p| p.port)
+        .collect();
     assert_eq!(ports, [29500, 9400]);
     assert_eq!(d.plan.metadata.name.as_deref(), Some("mixed-plan"));
     let text = &d.plan.data.as_ref().expect("data")[PLAN_KEY];
@@ -172,8 +258,14 @@ fn minimal_job_uses_defaults() {
     assert_eq!(d.pods.len(), 2);
     let p = &d.pods[1];
     let spec = p.spec.as_ref().expect("spec");
-    assert_eq!(spec.service_account_name.as_deref(), Some("heterotrain-trainer"));
-    assert_eq!(spec.containers[0].image.as_deref(), Some("default/trainer:1"));
+    assert_eq!(
+        spec.service_account_name.as_deref(),
+        Some("heterotrain-trainer")
+    );
+    assert_eq!(
+        spec.containers[0].image.as_deref(),
+        Some("default/trainer:1")
+    );
     let a = args_of(p);
     assert!(a.contains(&"--no-profile".to_string()));
     assert_eq!(flag(&a, "--max-steps").as_deref(), Some("100"));
@@ -183,10 +275,19 @@ fn minimal_job_uses_defaults() {
     assert_eq!(flag(&a, "--epochs"), None);
     assert_eq!(flag(&a, "--data-dir"), None);
     // Checkpoints without a claim: an emptyDir.
-    let ck = spec.volumes.as_ref().expect("volumes").iter().find(|v| v.name == "checkpoints").expect("vol");
+    let ck = spec
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .find(|v| v.name == "checkpoints")
+        .expect("vol");
     assert!(ck.empty_dir.is_some());
     let text = &d.plan.data.as_ref().expect("data")[PLAN_KEY];
-    assert_eq!(BatchPlan::parse(text, 2).expect("plan").batch_sizes, [17, 16]);
+    assert_eq!(
+        BatchPlan::parse(text, 2).expect("plan").batch_sizes,
+        [17, 16]
+    );
 }
 
 #[test]

@@ -30,27 +30,54 @@ static CLUSTER: OnceLock<LocalCluster> = OnceLock::new();
 /// The shared control plane (started on first use).
 pub fn cluster() -> &'static LocalCluster {
     CLUSTER.get_or_init(|| {
+        remove_stale_state_dirs();
         std::thread::spawn(|| {
             let rt = tokio::runtime::Runtime::new().expect("runtime");
             rt.block_on(async {
                 let c = LocalCluster::start(ClusterOptions {
                     name: "operator-tests".into(),
-                    state_dir: Some(std::env::temp_dir().join(format!("heterotrain-operator-tests-{}", std::process::id()))),
+                    state_dir: Some(
+                        std::env::temp_dir()
+                            .join(format!("heterotrain-operator-tests-{}", std::process::id())),
+                    ),
                     ..Default::default()
                 })
                 .await
                 .expect("local control plane (run `make setup`)");
                 let admin = c.client().await.expect("admin client");
                 let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-                crds.create(&PostParams::default(), &HeteroTrainingJob::crd()).await.expect("create CRD");
+                crds.create(&PostParams::default(), &HeteroTrainingJob::crd())
+                    .await
+                    .expect("create CRD");
                 let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
-                roles.create(&PostParams::default(), &rbac::cluster_role()).await.expect("create ClusterRole");
+                roles
+                    .create(&PostParams::default(), &rbac::cluster_role())
+                    .await
+                    .expect("create ClusterRole");
                 c
             })
         })
         .join()
         .expect("cluster thread")
     })
+}
+
+/// State directories of earlier test runs whose process is gone (the
+/// shared cluster lives in a static and is never dropped; its processes die
+/// with the test binary, its directory is removed by the next run).
+fn remove_stale_state_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_prefix("heterotrain-operator-tests-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// One test's namespace, admin client and operator client.
@@ -67,13 +94,22 @@ static NET: AtomicU64 = AtomicU64::new(10);
 
 /// A fresh namespace with the operator's ServiceAccount bound to the documented rules.
 pub async fn env(ns: &str) -> Env {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "heterotrain_operator=info".into()),
+        )
+        .try_init();
     let c = cluster();
     let admin = c.client().await.expect("admin");
     let nss: Api<Namespace> = Api::all(admin.clone());
     nss.create(
         &PostParams::default(),
         &Namespace {
-            metadata: ObjectMeta { name: Some(ns.into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(ns.into()),
+                ..Default::default()
+            },
             ..Default::default()
         },
     )
@@ -83,17 +119,36 @@ pub async fn env(ns: &str) -> Env {
     sas.create(
         &PostParams::default(),
         &ServiceAccount {
-            metadata: ObjectMeta { name: Some("heterotrain-operator".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("heterotrain-operator".into()),
+                ..Default::default()
+            },
             ..Default::default()
         },
     )
     .await
     .expect("service account");
+    // The rank pods' ServiceAccount (the Helm chart creates it in real installs).
+    sas.create(
+        &PostParams::default(),
+        &ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some("heterotrain-trainer".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("trainer service account");
     let crbs: Api<ClusterRoleBinding> = Api::all(admin.clone());
     crbs.create(
         &PostParams::default(),
         &ClusterRoleBinding {
-            metadata: ObjectMeta { name: Some(format!("heterotrain-operator-{ns}")), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(format!("heterotrain-operator-{ns}")),
+                ..Default::default()
+            },
             role_ref: RoleRef {
                 api_group: Some("rbac.authorization.k8s.io".into()),
                 kind: "ClusterRole".into(),
@@ -174,7 +229,11 @@ impl Operator {
                 eprintln!("operator stopped with error: {e}");
             }
         });
-        Operator { ctx, stop: Some(tx), task: Some(task) }
+        Operator {
+            ctx,
+            stop: Some(tx),
+            task: Some(task),
+        }
     }
 
     /// Stop and wait.
@@ -207,7 +266,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -221,7 +283,9 @@ pub fn job_from_yaml(ns: &str, yaml: &str) -> HeteroTrainingJob {
 
 pub async fn create_job(env: &Env, job: &HeteroTrainingJob) -> HeteroTrainingJob {
     let api: Api<HeteroTrainingJob> = Api::namespaced(env.admin.clone(), &env.ns);
-    api.create(&PostParams::default(), job).await.expect("create job")
+    api.create(&PostParams::default(), job)
+        .await
+        .expect("create job")
 }
 
 pub async fn get_job(env: &Env, name: &str) -> Option<HeteroTrainingJob> {
@@ -231,15 +295,23 @@ pub async fn get_job(env: &Env, name: &str) -> Option<HeteroTrainingJob> {
 
 pub async fn patch_job_spec(env: &Env, name: &str, spec_patch: serde_json::Value) {
     let api: Api<HeteroTrainingJob> = Api::namespaced(env.admin.clone(), &env.ns);
-    api.patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({ "spec": spec_patch })))
-        .await
-        .expect("patch job");
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "spec": spec_patch })),
+    )
+    .await
+    .expect("patch job");
 }
 
 /// The condition `type_` of job `name`: (status, reason, message).
 pub async fn condition(env: &Env, name: &str, type_: &str) -> Option<(String, String, String)> {
     let job = get_job(env, name).await?;
-    let c = job.status?.conditions.into_iter().find(|c| c.type_ == type_)?;
+    let c = job
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
     Some((c.status, c.reason, c.message))
 }
 
@@ -262,7 +334,10 @@ pub async fn plan(env: &Env, job: &str) -> Option<BatchPlan> {
 
 pub async fn events(env: &Env) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(env.admin.clone(), &env.ns);
-    api.list(&ListParams::default()).await.expect("events").items
+    api.list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
 }
 
 /// Loopback IP of `rank` in this test.
@@ -273,9 +348,13 @@ pub fn rank_ip(env: &Env, rank: u32) -> String {
 /// Play the kubelet: set a pod's status via the status subresource.
 pub async fn set_pod_status(env: &Env, pod: &str, status: serde_json::Value) {
     let api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    api.patch_status(pod, &PatchParams::default(), &Patch::Merge(serde_json::json!({ "status": status })))
-        .await
-        .expect("patch pod status");
+    api.patch_status(
+        pod,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await
+    .expect("patch pod status");
 }
 
 /// Mark `pod` Running with `ip`.
@@ -322,14 +401,22 @@ pub async fn run_gang(env: &Env, job: &str, n: usize, restart: u32) -> Vec<Pod> 
         let ok = ps.len() == n
             && ps.iter().all(|p| {
                 p.metadata.deletion_timestamp.is_none()
-                    && p.metadata.labels.as_ref().and_then(|l| l.get("heterotrain.dev/restart"))
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("heterotrain.dev/restart"))
                         == Some(&restart.to_string())
             });
         ok.then_some(ps)
     })
     .await;
     for (r, p) in ps.iter().enumerate() {
-        run_pod(env, p.metadata.name.as_deref().unwrap_or_default(), &rank_ip(env, r as u32)).await;
+        run_pod(
+            env,
+            p.metadata.name.as_deref().unwrap_or_default(),
+            &rank_ip(env, r as u32),
+        )
+        .await;
     }
     ps
 }
@@ -350,7 +437,15 @@ pub struct FakeRank {
 
 impl FakeRank {
     pub fn new(per_sample: f64, batch: u32) -> FakeRank {
-        FakeRank { per_sample, batch, plan_generation: 0, profile: None, steps: 0, compute: 0.0, samples: 0 }
+        FakeRank {
+            per_sample,
+            batch,
+            plan_generation: 0,
+            profile: None,
+            steps: 0,
+            compute: 0.0,
+            samples: 0,
+        }
     }
 
     /// One more step per scrape; the exposition text of the trainer's metric names.
@@ -380,9 +475,15 @@ impl FakeRank {
         if let Some(points) = &self.profile {
             t.push_str(&format!("# TYPE {} gauge\n", m::PROFILE_STEP_SECONDS));
             for (b, s) in points {
-                t.push_str(&format!("{}{{batch_size=\"{b}\"}} {s}\n", m::PROFILE_STEP_SECONDS));
+                t.push_str(&format!(
+                    "{}{{batch_size=\"{b}\"}} {s}\n",
+                    m::PROFILE_STEP_SECONDS
+                ));
             }
-            t.push_str(&format!("# TYPE {0} gauge\n{0} 4096\n", m::PROFILE_MAX_BATCH_SIZE));
+            t.push_str(&format!(
+                "# TYPE {0} gauge\n{0} 4096\n",
+                m::PROFILE_MAX_BATCH_SIZE
+            ));
         }
         t.push_str("# EOF\n");
         t
@@ -391,10 +492,14 @@ impl FakeRank {
 
 /// Serve `rank`'s metrics on `ip:port` until the test ends.
 pub async fn serve_rank(ip: &str, port: u16, rank: Arc<Mutex<FakeRank>>) {
-    let listener = tokio::net::TcpListener::bind((ip, port)).await.expect("bind fake rank");
+    let listener = tokio::net::TcpListener::bind((ip, port))
+        .await
+        .expect("bind fake rank");
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
             let rank = rank.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
