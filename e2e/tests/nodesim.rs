@@ -110,12 +110,16 @@ async fn runs_pods_like_a_kubelet() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    heterotrain_e2e::volumes::create_claim(&client, sim.state_dir(), ns, "ckpt")
+        .await
+        .expect("claim");
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let script = r#"echo "ip=$POD_IP ns=$MY_NS cm=$FROM_CM limit=$CPU_LIMIT"
 getent hosts probe-0.probe.nodesim.svc | awk '{print "dns=" $1}'
 cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
 echo "quota=$(cat /sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup$(awk -F: '$1==0 {print $3}' /proc/self/cgroup)/cpu.max)"
 test -s "$KUBECONFIG" && echo kubeconfig=yes
+echo persisted > /ht-ckpt/marker && echo scratch > /ht-scratch/s && echo mounts=ok
 exit 3"#;
     let pod = json!({
         "metadata": {"name": "probe-0"},
@@ -123,9 +127,13 @@ exit 3"#;
             "hostname": "probe-0", "subdomain": "probe",
             "restartPolicy": "Never",
             "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-T4"},
+            "volumes": [{"name": "scratch", "emptyDir": {}},
+                        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}],
             "containers": [{
                 "name": "main", "image": "busybox", "command": ["sh", "-c", script],
                 "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "scratch", "mountPath": "/ht-scratch"},
+                                 {"name": "ckpt", "mountPath": "/ht-ckpt"}],
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -173,6 +181,15 @@ exit 3"#;
         "pod DNS name did not resolve: {log}"
     );
     assert!(log.contains("kubeconfig=yes"), "{log}");
+    assert!(log.contains("mounts=ok"), "{log}");
+    // The claim's data outlives the pod; the emptyDir never touched the host path.
+    let marker =
+        heterotrain_e2e::nodesim::mounts::claim_dir(sim.state_dir(), ns, "ckpt").join("marker");
+    assert_eq!(std::fs::read_to_string(marker).unwrap(), "persisted\n");
+    assert!(
+        !std::path::Path::new("/ht-scratch/s").exists(),
+        "emptyDir leaked to the host"
+    );
     // 0.25 speed × 1 CPU limit = a quarter of a 100 ms period.
     assert!(
         log.contains("quota=25000") || log.contains("quota=25000 100000"),

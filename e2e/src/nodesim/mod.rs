@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod config;
 pub mod env;
 pub mod hosts;
+pub mod mounts;
 pub mod node;
 pub mod pod;
 

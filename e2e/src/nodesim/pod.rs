@@ -145,9 +145,9 @@ fn conditions(ready: bool, at: &str) -> serde_json::Value {
     ])
 }
 
-/// A kubeconfig with a token of the pod's ServiceAccount (TokenRequest), so
-/// the process's API access goes through RBAC like a real pod's.
-async fn service_account_kubeconfig(ctx: &Ctx, pod: &Pod) -> Result<String> {
+/// A token of the pod's ServiceAccount (TokenRequest), so the process's API
+/// access goes through RBAC like a real pod's.
+async fn service_account_token(ctx: &Ctx, pod: &Pod) -> Result<String> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let sa = pod
         .spec
@@ -168,7 +168,7 @@ async fn service_account_kubeconfig(ctx: &Ctx, pod: &Pod) -> Result<String> {
         .status
         .and_then(|s| s.token)
         .ok_or_else(|| anyhow!("empty TokenRequest status"))?;
-    Ok(ctx.kubeconfig_for_token(&token))
+    Ok(token)
 }
 
 /// Start the pod's process and follow it to its end. Errors before the
@@ -244,12 +244,22 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .join(format!("{ns}_{pod_name}_{uid}"));
     std::fs::create_dir_all(pod_dir.join("tmp"))?;
     let kubeconfig = pod_dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, service_account_kubeconfig(ctx, pod).await?)?;
+    let token = service_account_token(ctx, pod).await?;
+    std::fs::write(&kubeconfig, ctx.kubeconfig_for_token(&token))?;
     env.entry("KUBECONFIG".into())
         .or_insert_with(|| kubeconfig.display().to_string());
     env.insert("HETEROTRAIN_SIMULATED_NODE".into(), node_name.clone());
     env.entry("TMPDIR".into())
         .or_insert_with(|| pod_dir.join("tmp").display().to_string());
+    let binds = super::mounts::plan(
+        &ctx.client,
+        &ctx.state_dir,
+        &pod_dir,
+        pod,
+        &container,
+        &token,
+    )
+    .await?;
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
     let cores = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0)) * node.speed;
     let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?;
@@ -275,6 +285,13 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: apply_in_child only makes async-signal-safe syscalls.
+        unsafe {
+            cmd.pre_exec(move || super::mounts::apply_in_child(&binds));
+        }
+    }
     if let Some(cg) = &cgroup {
         let procs = cg.procs_cstr().clone();
         use std::os::unix::process::CommandExt;
