@@ -45,7 +45,7 @@ demo: setup ## the whole system on this machine (see README)
 	@bash e2e/scripts/demo.sh
 
 demo-down: ## stop the demo's local control plane
-	@$(CARGO) run -q -p heterotrain-e2e --bin heterotrain-local -- down
+	@$(CARGO) run -q --release -p heterotrain-e2e --bin heterotrain-demo -- --down
 
 bench-balancer: setup ## balancer efficiency per policy and plan time at scale
 	@$(CARGO) run -q --release -p heterotrain-balancer --bin heterotrain-bench-balancer

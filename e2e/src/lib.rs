@@ -11,6 +11,7 @@ pub mod paths;
 pub mod pki;
 pub mod ports;
 pub mod prometheus;
+pub mod system;
 pub mod volumes;
 
 pub use cluster::{ClusterOptions, LocalCluster};

@@ -44,6 +44,13 @@ enum Cmd {
         /// e2e/nodes/*.yaml); without it the cluster has no nodes.
         #[arg(long)]
         nodes: Option<PathBuf>,
+        /// Also install the HeteroTrainingJob CRD and run `heterotrain-operator`
+        /// (under a ServiceAccount with its documented RBAC rules only).
+        #[arg(long)]
+        operator: bool,
+        /// Extra flags for the operator, e.g. `--operator-arg=--rebalance-interval=5`.
+        #[arg(long = "operator-arg", allow_hyphen_values = true)]
+        operator_args: Vec<String>,
     },
     /// Stop the control plane and every process it started.
     Down,
@@ -64,6 +71,10 @@ enum Cmd {
     Serve {
         #[arg(long)]
         nodes: Option<PathBuf>,
+        #[arg(long)]
+        operator: bool,
+        #[arg(long = "operator-arg", allow_hyphen_values = true)]
+        operator_args: Vec<String>,
     },
 }
 
@@ -92,7 +103,13 @@ fn print_env(dir: &std::path::Path) {
     println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
 }
 
-fn up(name: &str, timeout: u64, nodes: Option<PathBuf>) -> Result<()> {
+fn up(
+    name: &str,
+    timeout: u64,
+    nodes: Option<PathBuf>,
+    operator: bool,
+    operator_args: &[String],
+) -> Result<()> {
     if let Some(n) = &nodes {
         // Fail fast, before starting anything, on a bad nodes file.
         heterotrain_e2e::nodesim::NodesFile::load(n)?;
@@ -113,6 +130,12 @@ fn up(name: &str, timeout: u64, nodes: Option<PathBuf>) -> Result<()> {
     cmd.args(["--name", name, "serve"]);
     if let Some(n) = &nodes {
         cmd.arg("--nodes").arg(std::fs::canonicalize(n)?);
+    }
+    if operator {
+        cmd.arg("--operator");
+    }
+    for a in operator_args {
+        cmd.arg(format!("--operator-arg={a}"));
     }
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -231,27 +254,44 @@ async fn status(name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn serve(name: &str, nodes: Option<PathBuf>) -> Result<()> {
+async fn serve(
+    name: &str,
+    nodes: Option<PathBuf>,
+    operator: bool,
+    operator_args: Vec<String>,
+) -> Result<()> {
     let dir = state_dir(name);
     std::fs::write(dir.join("supervisor.pid"), std::process::id().to_string())?;
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: name.into(),
-        state_dir: Some(dir.clone()),
-        keep_state: true,
-        verbose: true,
-    })
-    .await?;
-    let pids: String = cluster
-        .pids()
-        .iter()
-        .map(|(n, p)| format!("{n} {p}\n"))
-        .collect();
-    std::fs::write(dir.join("components.pids"), pids)?;
-    let sim = match nodes {
-        Some(path) => {
-            let file = heterotrain_e2e::nodesim::NodesFile::load(&path)?;
+    let nodes = match &nodes {
+        Some(path) => Some(heterotrain_e2e::nodesim::NodesFile::load(path)?),
+        None => None,
+    };
+    let mut cluster_only = None;
+    let mut sim_only = None;
+    let mut system = None;
+    if operator {
+        system = Some(
+            heterotrain_e2e::system::System::start(heterotrain_e2e::system::SystemOptions {
+                name: name.into(),
+                nodes: nodes.unwrap_or(heterotrain_e2e::nodesim::NodesFile { nodes: Vec::new() }),
+                operator_args,
+                prometheus: false,
+                state_dir: Some(dir.clone()),
+                verbose: true,
+            })
+            .await?,
+        );
+    } else {
+        let cluster = LocalCluster::start(ClusterOptions {
+            name: name.into(),
+            state_dir: Some(dir.clone()),
+            keep_state: true,
+            verbose: true,
+        })
+        .await?;
+        if let Some(file) = nodes {
             eprintln!("==> registering {} simulated node(s)", file.nodes.len());
-            Some(
+            sim_only = Some(
                 heterotrain_e2e::nodesim::NodeSimulator::start(
                     cluster.client().await?,
                     file,
@@ -259,10 +299,21 @@ async fn serve(name: &str, nodes: Option<PathBuf>) -> Result<()> {
                     cluster.kubeconfig_renderer(),
                 )
                 .await?,
-            )
+            );
         }
-        None => None,
+        cluster_only = Some(cluster);
+    }
+    let cluster = match (&system, &cluster_only) {
+        (Some(s), _) => &s.cluster,
+        (None, Some(c)) => c,
+        (None, None) => anyhow::bail!("nothing started"),
     };
+    let pids: String = cluster
+        .pids()
+        .iter()
+        .map(|(n, p)| format!("{n} {p}\n"))
+        .collect();
+    std::fs::write(dir.join("components.pids"), pids)?;
     std::fs::write(dir.join("ready"), cluster.server_url())?;
     eprintln!("==> control plane ready at {}", cluster.server_url());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -272,10 +323,15 @@ async fn serve(name: &str, nodes: Option<PathBuf>) -> Result<()> {
     }
     eprintln!("==> stopping");
     let _ = std::fs::remove_file(dir.join("ready"));
-    if let Some(sim) = &sim {
+    if let Some(mut s) = system {
+        s.stop().await;
+    }
+    if let Some(sim) = &sim_only {
         sim.stop().await;
     }
-    cluster.stop();
+    if let Some(c) = cluster_only {
+        c.stop();
+    }
     Ok(())
 }
 
@@ -283,7 +339,12 @@ async fn serve(name: &str, nodes: Option<PathBuf>) -> Result<()> {
 async fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up { timeout, nodes } => up(&cli.name, timeout, nodes),
+        Cmd::Up {
+            timeout,
+            nodes,
+            operator,
+            operator_args,
+        } => up(&cli.name, timeout, nodes, operator, &operator_args),
         Cmd::Down => down(&cli.name),
         Cmd::Status => status(&cli.name).await,
         Cmd::Env => {
@@ -298,7 +359,11 @@ async fn main() {
                 ))
             }
         }
-        Cmd::Serve { nodes } => serve(&cli.name, nodes).await,
+        Cmd::Serve {
+            nodes,
+            operator,
+            operator_args,
+        } => serve(&cli.name, nodes, operator, operator_args).await,
         Cmd::Logs { pod, namespace } => {
             let path = heterotrain_e2e::nodesim::log_path(&state_dir(&cli.name), &namespace, &pod);
             match std::fs::read_to_string(&path) {

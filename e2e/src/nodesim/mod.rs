@@ -200,6 +200,30 @@ impl NodeSimulator {
         self.ctx.write_targets();
     }
 
+    /// Send `signal` to the process group of pod `ns/name` (e.g. SIGKILL to
+    /// simulate a crashed rank). Returns false when the pod runs nothing here.
+    pub async fn signal_pod(&self, ns: &str, name: &str, signal: i32) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+        let Ok(Some(p)) = api.get_opt(name).await else {
+            return false;
+        };
+        let uid = p.metadata.uid.unwrap_or_default();
+        let pid = self
+            .ctx
+            .running
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&uid).cloned())
+            .and_then(|r| r.pid.lock().ok().and_then(|g| *g));
+        match pid {
+            Some(pid) => {
+                crate::keeper::signal_group(pid, signal);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Names of the simulated nodes.
     pub fn node_names(&self) -> Vec<String> {
         self.ctx.nodes.keys().cloned().collect()

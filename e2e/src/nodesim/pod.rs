@@ -8,6 +8,11 @@
 //! from `$PATH`. A container without `command` runs its image's entrypoint,
 //! known for HeteroTrain's images only (`…/heterotrain-trainer:*` →
 //! `heterotrain-trainer`, `…/heterotrain-operator:*` → `heterotrain-operator`).
+//!
+//! Simulated GPUs are CPU shares: a container that requests `nvidia.com/gpu`
+//! has `--device cuda` rewritten to `--device cpu` and `--backend nccl` to
+//! `--backend gloo` in its arguments, and gets `HETEROTRAIN_SIMULATED_GPU`
+//! set to the node's GPU product.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +92,35 @@ pub fn argv(container: &Container) -> Result<Vec<String>> {
     }
     argv.extend(container.args.clone().unwrap_or_default());
     Ok(argv)
+}
+
+/// Whether the container asks for a GPU.
+fn wants_gpu(container: &Container) -> bool {
+    let r = container.resources.as_ref();
+    [
+        r.and_then(|r| r.limits.as_ref()),
+        r.and_then(|r| r.requests.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|m| m.get("nvidia.com/gpu").is_some_and(|q| q.0 != "0"))
+}
+
+/// Rewrite GPU-only arguments for a simulated GPU (see the module docs).
+pub fn simulate_gpu_args(argv: &mut [String]) {
+    for i in 1..argv.len() {
+        let prev = argv[i - 1].clone();
+        let v = &mut argv[i];
+        if prev == "--device" && v == "cuda" {
+            *v = "cpu".into();
+        } else if prev == "--backend" && v == "nccl" {
+            *v = "gloo".into();
+        } else if v == "--device=cuda" {
+            *v = "--device=cpu".into();
+        } else if v == "--backend=nccl" {
+            *v = "--backend=gloo".into();
+        }
+    }
 }
 
 /// CPU cores the container may use before the node's speed is applied.
@@ -230,7 +264,11 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         )
         .await;
     }
-    let argv = argv(&container)?;
+    let mut argv = argv(&container)?;
+    let gpu = wants_gpu(&container);
+    if gpu {
+        simulate_gpu_args(&mut argv);
+    }
     let program = find_program(&argv[0]).ok_or_else(|| {
         anyhow!(
             "executable {:?} not found on this machine (see HETEROTRAIN_BIN_DIR)",
@@ -249,6 +287,12 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     env.entry("KUBECONFIG".into())
         .or_insert_with(|| kubeconfig.display().to_string());
     env.insert("HETEROTRAIN_SIMULATED_NODE".into(), node_name.clone());
+    if gpu {
+        env.insert(
+            "HETEROTRAIN_SIMULATED_GPU".into(),
+            node.gpu_product.clone().unwrap_or_else(|| "gpu".into()),
+        );
+    }
     env.entry("TMPDIR".into())
         .or_insert_with(|| pod_dir.join("tmp").display().to_string());
     let binds = super::mounts::plan(
@@ -396,4 +440,40 @@ pub async fn finalize_delete(ctx: &Ctx, pod: &Pod) {
 /// Environment summary for debugging.
 pub fn describe_env(env: &BTreeMap<String, String>) -> String {
     env.keys().cloned().collect::<Vec<_>>().join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simulate_gpu_args;
+
+    #[test]
+    fn gpu_args_become_cpu_args() {
+        let mut a: Vec<String> = [
+            "t",
+            "--device",
+            "cuda",
+            "--backend",
+            "nccl",
+            "--device=cuda",
+            "--lr",
+            "cuda",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        simulate_gpu_args(&mut a);
+        assert_eq!(
+            a,
+            [
+                "t",
+                "--device",
+                "cpu",
+                "--backend",
+                "gloo",
+                "--device=cpu",
+                "--lr",
+                "cuda"
+            ]
+        );
+    }
 }

@@ -1,0 +1,483 @@
+//! The Helm chart `charts/heterotrain`, checked with the real `helm` binary
+//! and without a cluster: `helm lint --strict` and `helm template` over
+//! several value sets; the chart's CRD is the generated one; its ClusterRole
+//! has exactly the operator's rules (`operator/rbac.yaml`); the operator pod
+//! is "restricted"-compliant; the monitors, trainer RBAC, NetworkPolicies
+//! and dashboard render as documented.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use heterotrain_crds::metrics::labels;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use serde_yaml::Value;
+use support::*;
+
+fn lint_args(extra: &[&'static str]) -> Vec<&'static str> {
+    // `helm lint` takes --set but not --api-versions.
+    let mut out = Vec::new();
+    let mut it = extra.iter();
+    while let Some(a) = it.next() {
+        if *a == "--api-versions" {
+            it.next();
+        } else {
+            out.push(*a);
+        }
+    }
+    out
+}
+
+#[test]
+fn lints_strictly_with_every_value_set() {
+    let chart = chart_dir();
+    for (what, extra) in value_sets() {
+        let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+        args.extend(lint_args(&extra));
+        let out = run_helm(&args).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(out.contains("0 chart(s) failed"), "{what}: {out}");
+    }
+}
+
+#[test]
+fn schema_rejects_invalid_values() {
+    let chart = chart_dir();
+    for bad in [
+        "operator.metricsSource=sometimes",
+        "operator.prometheusUrl=prometheus:9090",
+        "operator.port=0",
+        "operator.nosuchkey=1",
+        "watchNamespaces={Not_A_Namespace}",
+        "monitoring.podMonitor.interval=often",
+    ] {
+        let err = run_helm(&["template", "x", chart.to_str().unwrap(), "--set", bad])
+            .expect_err(&format!("--set {bad} was accepted"));
+        assert!(
+            err.contains("values don't meet the specifications of the schema")
+                || err.contains("at '/"),
+            "--set {bad}: unexpected error: {err}"
+        );
+    }
+}
+
+#[test]
+fn chart_crd_is_the_generated_crd() {
+    let root = repo_root();
+    let generated = std::fs::read(root.join("crds/heterotrainingjob.yaml")).expect("generated CRD");
+    let chart = std::fs::read(chart_dir().join("crds/heterotrainingjob.yaml")).expect("chart CRD");
+    assert!(
+        generated == chart,
+        "charts/heterotrain/crds/heterotrainingjob.yaml differs from crds/heterotrainingjob.yaml: \
+         run `cp crds/heterotrainingjob.yaml charts/heterotrain/crds/`"
+    );
+}
+
+fn normalized(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
+    let mut rules: Vec<PolicyRule> = rules
+        .into_iter()
+        .map(|mut r| {
+            for v in [&mut r.api_groups, &mut r.resources, &mut r.resource_names] {
+                if let Some(v) = v {
+                    v.sort();
+                }
+            }
+            r.verbs.sort();
+            r
+        })
+        .collect();
+    rules.sort_by_key(|r| format!("{:?}{:?}", r.api_groups, r.resources));
+    rules
+}
+
+#[test]
+fn cluster_role_has_exactly_the_operators_rules() {
+    let expected: ClusterRole = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("operator/rbac.yaml"))
+            .expect("operator/rbac.yaml"),
+    )
+    .expect("operator/rbac.yaml parses");
+    for (what, extra) in value_sets() {
+        let docs = template(&extra);
+        let role: ClusterRole = typed(one(&docs, "ClusterRole"));
+        assert_eq!(
+            normalized(role.rules.clone().unwrap_or_default()),
+            normalized(expected.rules.clone().unwrap_or_default()),
+            "{what}: the chart's ClusterRole differs from operator/rbac.yaml (`heterotrain-operator rbac`)"
+        );
+        let binding = one(&docs, "ClusterRoleBinding");
+        assert_eq!(
+            binding["roleRef"]["name"],
+            Value::from(name(one(&docs, "ClusterRole")))
+        );
+        let subject = &binding["subjects"][0];
+        let deploy: Deployment = typed(one(&docs, "Deployment"));
+        let pod = deploy.spec.template.spec.unwrap();
+        assert_eq!(subject["kind"], Value::from("ServiceAccount"));
+        assert_eq!(subject["namespace"], Value::from(NAMESPACE));
+        assert_eq!(
+            subject["name"].as_str(),
+            pod.service_account_name.as_deref(),
+            "{what}: the binding's subject is the operator pod's ServiceAccount"
+        );
+        assert!(
+            all(&docs, "ServiceAccount")
+                .iter()
+                .any(|sa| subject["name"].as_str() == Some(name(sa)) && namespace(sa) == NAMESPACE),
+            "{what}: the chart creates the operator's ServiceAccount"
+        );
+    }
+}
+
+fn operator_pod(docs: &[Value]) -> PodSpec {
+    let deploy: Deployment = typed(one(docs, "Deployment"));
+    deploy.spec.template.spec.expect("pod spec")
+}
+
+#[test]
+fn operator_pod_is_restricted() {
+    // Kubernetes 1.20 has no PodSecurity admission: check the "restricted"
+    // profile's rules on what the chart renders instead.
+    for (what, extra) in value_sets() {
+        let pod = operator_pod(&template(&extra));
+        let psc = pod.security_context.clone().expect("pod securityContext");
+        assert_eq!(psc.run_as_non_root, Some(true), "{what}");
+        assert!(psc.run_as_user.is_some_and(|u| u != 0), "{what}: runAsUser");
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault"),
+            "{what}"
+        );
+        assert!(pod.host_network.is_none() && pod.host_pid.is_none() && pod.host_ipc.is_none());
+        for c in &pod.containers {
+            let sc = c
+                .security_context
+                .clone()
+                .expect("container securityContext");
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{what}");
+            assert_ne!(sc.privileged, Some(true), "{what}");
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{what}");
+            assert_eq!(sc.run_as_non_root, Some(true), "{what}");
+            let caps = sc.capabilities.expect("capabilities");
+            assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "{what}");
+            assert!(caps.add.unwrap_or_default().is_empty(), "{what}");
+            let res = c.resources.clone().expect("resources");
+            assert!(
+                res.requests.is_some() && res.limits.is_some(),
+                "{what}: resources"
+            );
+            assert!(
+                c.liveness_probe.is_some() && c.readiness_probe.is_some(),
+                "{what}: probes"
+            );
+        }
+        for v in pod.volumes.unwrap_or_default() {
+            assert!(v.host_path.is_none(), "{what}: hostPath volume");
+        }
+    }
+}
+
+fn args_of(pod: &PodSpec) -> Vec<String> {
+    pod.containers[0].args.clone().unwrap_or_default()
+}
+
+#[test]
+fn defaults_render_operator_trainer_identity_and_dashboard() {
+    let docs = template(&[]);
+    let version = app_version();
+    let pod = operator_pod(&docs);
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some(format!("ghcr.io/heterotrain/heterotrain-operator:{version}").as_str()),
+        "operator image tag defaults to appVersion"
+    );
+    let args = args_of(&pod);
+    for want in [
+        format!("--trainer-image=ghcr.io/heterotrain/heterotrain-trainer:{version}"),
+        "--metrics-source=job".into(),
+        format!("--namespace={NAMESPACE}"),
+    ] {
+        assert!(args.contains(&want), "missing {want} in {args:?}");
+    }
+    let env: Vec<String> = c
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    for want in ["POD_NAME", "POD_NAMESPACE", "HETEROTRAIN_HTTP_ADDR"] {
+        assert!(env.iter().any(|e| e == want), "missing env {want}: {env:?}");
+    }
+    // No Prometheus Operator API: no monitors.
+    assert!(all(&docs, "PodMonitor").is_empty() && all(&docs, "ServiceMonitor").is_empty());
+    assert!(all(&docs, "NetworkPolicy").is_empty());
+    // The trainers' ServiceAccount, read-only on ConfigMaps, in the release namespace.
+    let sas: Vec<_> = all(&docs, "ServiceAccount")
+        .into_iter()
+        .filter(|s| name(s) == "heterotrain-trainer")
+        .collect();
+    assert_eq!(sas.len(), 1);
+    assert_eq!(namespace(sas[0]), NAMESPACE);
+    let role: Role = typed(one(&docs, "Role"));
+    assert_eq!(
+        role.rules.unwrap_or_default(),
+        vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        }],
+        "trainers may read their plan ConfigMap and nothing else"
+    );
+    let rb = one(&docs, "RoleBinding");
+    assert_eq!(
+        rb["subjects"][0]["name"],
+        Value::from("heterotrain-trainer")
+    );
+    // The dashboard ConfigMap for Grafana's sidecar holds the chart's dashboard.
+    let cm = all(&docs, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["labels"]["grafana_dashboard"] == Value::from("1"))
+        .expect("dashboard ConfigMap labelled grafana_dashboard: \"1\"");
+    let on_disk = std::fs::read_to_string(chart_dir().join("dashboards/heterotrain.json")).unwrap();
+    let rendered = cm["data"]["heterotrain.json"]
+        .as_str()
+        .expect("dashboard data");
+    let a: serde_json::Value = serde_json::from_str(rendered).expect("rendered dashboard is JSON");
+    let b: serde_json::Value = serde_json::from_str(&on_disk).unwrap();
+    assert_eq!(a, b);
+    // Operator state objects are the chart's, so `helm uninstall` removes them.
+    assert!(all(&docs, "Lease")
+        .iter()
+        .any(|l| name(l) == "heterotrain-operator"));
+    assert!(all(&docs, "ConfigMap")
+        .iter()
+        .any(|c| name(c) == "heterotrain-profile-cache"));
+    // The metrics Service selects the operator pod's `metrics` port.
+    let svc = one(&docs, "Service");
+    assert_eq!(
+        svc["spec"]["ports"][0]["targetPort"],
+        Value::from("metrics")
+    );
+    let ports = c.ports.clone().unwrap_or_default();
+    assert!(ports.iter().any(|p| p.name.as_deref() == Some("metrics")));
+}
+
+/// `__meta_kubernetes_pod_label_<name>` for a pod label.
+fn meta_label(label: &str) -> String {
+    let s: String = label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("__meta_kubernetes_pod_label_{s}")
+}
+
+#[test]
+fn monitors_render_only_when_enabled_and_the_api_exists() {
+    let docs = template(&[
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--set",
+        "monitoring.additionalLabels.release=kps",
+    ]);
+    let pm = one(&docs, "PodMonitor");
+    let sm = one(&docs, "ServiceMonitor");
+    for m in [pm, sm] {
+        assert_eq!(
+            m["metadata"]["labels"]["release"],
+            Value::from("kps"),
+            "{}",
+            name(m)
+        );
+    }
+    // Relabelling turns the operator's pod labels into the target labels the
+    // dashboard, the operator's Prometheus source and the e2e Prometheus use.
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(ep["port"], Value::from("metrics"));
+    let rl: Vec<(String, String)> = ep["relabelings"]
+        .as_sequence()
+        .expect("relabelings")
+        .iter()
+        .map(|r| {
+            (
+                r["sourceLabels"][0].as_str().unwrap_or("").to_string(),
+                r["targetLabel"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    for (src, target) in [
+        (meta_label(labels::JOB), "job_name"),
+        (meta_label(labels::RANK), "rank"),
+        (meta_label(labels::GROUP), "group"),
+        ("__meta_kubernetes_pod_node_name".into(), "node"),
+        ("__meta_kubernetes_namespace".into(), "namespace"),
+        ("__meta_kubernetes_pod_name".into(), "pod"),
+    ] {
+        assert!(
+            rl.contains(&(src.clone(), target.into())),
+            "no relabelling {src} -> {target}: {rl:?}"
+        );
+    }
+    assert_eq!(
+        pm["spec"]["selector"]["matchLabels"][labels::MANAGED_BY],
+        Value::from(labels::MANAGER)
+    );
+    assert_eq!(
+        pm["spec"]["namespaceSelector"]["matchNames"][0],
+        Value::from(NAMESPACE)
+    );
+    assert_eq!(
+        sm["spec"]["endpoints"][0]["port"],
+        Value::from("http-metrics")
+    );
+    let svc = one(&docs, "Service");
+    assert_eq!(svc["spec"]["ports"][0]["name"], Value::from("http-metrics"));
+
+    // Disabled: not rendered even with the API.
+    let docs = template(&[
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--set",
+        "monitoring.podMonitor.enabled=false",
+        "--set",
+        "monitoring.serviceMonitor.enabled=false",
+    ]);
+    assert!(all(&docs, "PodMonitor").is_empty() && all(&docs, "ServiceMonitor").is_empty());
+}
+
+#[test]
+fn several_watched_namespaces_each_get_the_trainer_identity() {
+    let docs = template(&[
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+    ]);
+    for k in ["ServiceAccount", "Role", "RoleBinding"] {
+        let nss: BTreeSet<&str> = all(&docs, k)
+            .into_iter()
+            .filter(|o| name(o) == "heterotrain-trainer")
+            .map(namespace)
+            .collect();
+        assert_eq!(nss, BTreeSet::from(["team-a", "team-b"]), "{k}");
+    }
+    // More than one namespace: the operator watches all of them.
+    let args = args_of(&operator_pod(&docs));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--namespace")),
+        "{args:?}"
+    );
+    let pm = one(&docs, "PodMonitor");
+    assert_eq!(
+        pm["spec"]["namespaceSelector"]["matchNames"],
+        serde_yaml::from_str::<Value>("[team-a, team-b]").unwrap()
+    );
+    // NetworkPolicies: one per watched namespace for trainers, one for the operator.
+    let nps = all(&docs, "NetworkPolicy");
+    let trainer_nps: BTreeSet<&str> = nps
+        .iter()
+        .filter(|n| {
+            n["spec"]["podSelector"]["matchLabels"][labels::MANAGED_BY]
+                == Value::from(labels::MANAGER)
+        })
+        .map(|n| namespace(n))
+        .collect();
+    assert_eq!(trainer_nps, BTreeSet::from(["team-a", "team-b"]));
+    for np in nps.iter().filter(|n| namespace(n) == "team-a") {
+        let ingress = np["spec"]["ingress"].as_sequence().expect("ingress rules");
+        // Peers: only trainer pods (any port, Gloo uses ephemeral ports).
+        assert!(ingress[0]["ports"].is_null());
+        assert_eq!(
+            ingress[0]["from"][0]["podSelector"]["matchLabels"][labels::MANAGED_BY],
+            Value::from(labels::MANAGER)
+        );
+        // Operator and Prometheus: the metrics port only; the operator from its namespace.
+        assert_eq!(ingress[1]["ports"][0]["port"], Value::from("metrics"));
+        assert_eq!(
+            ingress[1]["from"][0]["namespaceSelector"]["matchLabels"]
+                ["kubernetes.io/metadata.name"],
+            Value::from(NAMESPACE)
+        );
+    }
+    let op_np = nps
+        .iter()
+        .find(|n| namespace(n) == NAMESPACE)
+        .expect("operator NetworkPolicy");
+    assert_eq!(
+        op_np["spec"]["ingress"][0]["ports"][0]["port"],
+        Value::from("metrics")
+    );
+}
+
+#[test]
+fn value_sets_render_what_they_ask_for() {
+    let docs = template(&value_sets()[3].1);
+    let pod = operator_pod(&docs);
+    let args = args_of(&pod);
+    assert!(
+        args.contains(&"--metrics-source=prometheus".to_string()),
+        "{args:?}"
+    );
+    assert!(args.contains(&"--prometheus-url=http://prometheus.monitoring:9090".to_string()));
+    assert!(
+        args.contains(&"--trainer-image=ghcr.io/heterotrain/heterotrain-trainer:9.9.9".to_string())
+    );
+    assert!(args.contains(&"--no-profile-cache".to_string()));
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("ghcr.io/heterotrain/heterotrain-operator:9.9.9")
+    );
+    let deploy: Deployment = typed(one(&docs, "Deployment"));
+    assert_eq!(deploy.spec.replicas, Some(2));
+    assert!(all(&docs, "Service").is_empty());
+    assert!(!all(&docs, "ConfigMap")
+        .iter()
+        .any(|c| name(c).ends_with("-dashboard")));
+    assert!(!all(&docs, "ConfigMap")
+        .iter()
+        .any(|c| name(c) == "heterotrain-profile-cache"));
+    // Every rendered object parses as the Kubernetes type it claims to be.
+    for d in template(&value_sets()[2].1) {
+        assert!(!kind(&d).is_empty() && !name(&d).is_empty(), "{d:?}");
+    }
+}
+
+#[test]
+fn notes_tell_the_next_step() {
+    let chart = chart_dir();
+    let out = run_helm(&[
+        "template",
+        "ht",
+        chart.to_str().unwrap(),
+        "-n",
+        "ml",
+        "--show-only",
+        "templates/NOTES.txt",
+    ]);
+    // NOTES.txt is not rendered by `helm template`; render it through install --dry-run.
+    let _ = out;
+    let out = run_helm(&[
+        "install",
+        "ht",
+        chart.to_str().unwrap(),
+        "-n",
+        "ml",
+        "--dry-run=client",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let notes = out.split("NOTES:").nth(1).expect("NOTES in install output");
+    assert!(notes.contains("kubectl -n ml apply -f"), "{notes}");
+    assert!(
+        notes.contains("kubectl heterotrain -n ml status"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("rollout status deployment/ht-heterotrain-operator"),
+        "{notes}"
+    );
+}

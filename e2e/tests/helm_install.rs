@@ -1,0 +1,482 @@
+//! `helm install` of `charts/heterotrain` onto the real local control plane:
+//! the real scheduler places the operator's Deployment pod on a simulated
+//! node, the node simulator runs the real `heterotrain-operator` binary as
+//! that pod under the chart's ServiceAccount token — so the chart's RBAC is
+//! what the operator gets — and the operator reconciles a job into rank pods
+//! that use the chart's trainer ServiceAccount. `helm uninstall` then leaves
+//! nothing behind but the CRD.
+//!
+//! Needs `target/<profile>/heterotrain-operator` (`cargo build -p heterotrain-operator`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
+use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{DynamicObject, GroupVersionKind};
+use kube::discovery::ApiResource;
+use kube::Client;
+use serde_json::json;
+use support::*;
+
+const RELEASE: &str = "ht";
+const SYSTEM_NS: &str = "heterotrain-system";
+const JOBS_NS: &str = "ml";
+
+fn jobs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("heterotrain.dev", "v1alpha1", "HeteroTrainingJob");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn create_namespace(client: &Client, ns: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+    )
+    .await
+    .expect("create namespace");
+}
+
+/// Everything an operator pod, the jobs and helm could leave behind, for
+/// failure messages.
+async fn dump(client: &Client, sim: &NodeSimulator) -> String {
+    let mut out = String::new();
+    for ns in [SYSTEM_NS, JOBS_NS] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        for p in pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "pod {ns}/{name}: node={:?} status={:?}\n",
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                p.status.as_ref().map(|s| (&s.phase, &s.reason, &s.message))
+            ));
+            let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+                sim.state_dir(),
+                ns,
+                &name,
+            ))
+            .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            for l in tail.into_iter().rev() {
+                out.push_str(&format!("  | {l}\n"));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cleanly() {
+    let cluster = LocalCluster::start(ClusterOptions {
+        name: "helm-install".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane (run `make setup`)");
+    let client = cluster.client().await.unwrap();
+    // `ops` runs its pods' processes (the operator); `lab` only reports its
+    // pods Running, like a node whose trainers never finish by themselves.
+    let nodes = NodesFile::parse(
+        "nodes:\n- {name: ops, cpu: '2'}\n- {name: lab, cpu: '8', runProcesses: false}\n",
+    )
+    .unwrap();
+    let sim = NodeSimulator::start(
+        client.clone(),
+        nodes,
+        cluster.state_dir(),
+        cluster.kubeconfig_renderer(),
+    )
+    .await
+    .expect("start node simulator");
+    create_namespace(&client, JOBS_NS).await;
+
+    let kubeconfig = cluster.kubeconfig_path();
+    let chart = chart_dir();
+    let install = run_helm(&[
+        "install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        &format!("watchNamespaces={{{JOBS_NS}}}"),
+        "--set",
+        "operator.nodeSelector.kubernetes\\.io/hostname=ops",
+        // Simulated pods share this machine's network: bind the pod's own IP.
+        "--set",
+        "operator.listenAddress=$(POD_IP)",
+        "--set",
+        "operator.scrapeIntervalSeconds=1",
+        "--set",
+        "operator.rebalanceIntervalSeconds=2",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    if let Err(e) = &install {
+        panic!("{e}\n{}", dump(&client, &sim).await);
+    }
+    let install = install.unwrap();
+    assert!(install.contains("STATUS: deployed"), "{install}");
+    assert!(
+        install.contains("kubectl heterotrain"),
+        "NOTES tell the next step: {install}"
+    );
+
+    // The operator pod runs on the simulated node, as the chart's ServiceAccount.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let op_pod = wait_for("the operator pod Running", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+    })
+    .await;
+    let op_name = op_pod.metadata.name.clone().unwrap();
+    let op_spec = op_pod.spec.clone().unwrap();
+    assert_eq!(op_spec.node_name.as_deref(), Some("ops"));
+    assert_eq!(
+        op_spec.service_account_name.as_deref(),
+        Some("ht-heterotrain")
+    );
+
+    // Leader election: the pod's name (POD_NAME) holds the chart's Lease.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let holder = wait_for(
+        "the operator to hold its Lease",
+        Duration::from_secs(60),
+        || {
+            let leases = leases.clone();
+            async move {
+                leases
+                    .get_opt("heterotrain-operator")
+                    .await
+                    .ok()??
+                    .spec?
+                    .holder_identity
+                    .filter(|h| !h.is_empty())
+            }
+        },
+    )
+    .await;
+    assert_eq!(holder, op_name);
+
+    // A job in the watched namespace becomes rank pods on the `lab` node.
+    let job = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": "chart-job"},
+        "spec": {
+            "workers": [{"name": "cpu", "replicas": 2, "nodeSelector": {"kubernetes.io/hostname": "lab"}}],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image"},
+            "training": {"globalBatchSize": 32, "maxSteps": 10}
+        }
+    });
+    let jobs = jobs_api(&client, JOBS_NS);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .expect("create job");
+    let job_pods: Api<Pod> = Api::namespaced(client.clone(), JOBS_NS);
+    let phase_of = |jobs: Api<DynamicObject>| async move {
+        jobs.get_opt("chart-job")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|j| j.data["status"]["phase"].as_str().map(str::to_string))
+    };
+    let running = tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            if phase_of(jobs.clone()).await.as_deref() == Some("Running") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    if running.is_err() {
+        panic!(
+            "job never Running: {:?}\n{}",
+            jobs.get_opt("chart-job")
+                .await
+                .ok()
+                .flatten()
+                .map(|j| j.data["status"].clone()),
+            dump(&client, &sim).await
+        );
+    }
+    let ranks = job_pods
+        .list(&ListParams::default().labels("heterotrain.dev/job=chart-job"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(ranks.len(), 2);
+    for p in &ranks {
+        let spec = p.spec.clone().unwrap();
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("heterotrain-trainer")
+        );
+        assert_eq!(spec.node_name.as_deref(), Some("lab"));
+        assert!(
+            p.spec.as_ref().unwrap().containers[0]
+                .image
+                .as_deref()
+                .is_some_and(
+                    |i| i == format!("ghcr.io/heterotrain/heterotrain-trainer:{}", app_version())
+                ),
+            "the chart's default trainer image"
+        );
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), JOBS_NS);
+    assert!(
+        cms.get_opt("chart-job-plan").await.unwrap().is_some(),
+        "plan ConfigMap"
+    );
+
+    // The trainer identity may read (and only read) ConfigMaps.
+    let trainer_client = {
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), JOBS_NS);
+        let tr = sas
+            .create_token_request(
+                "heterotrain-trainer",
+                &PostParams::default(),
+                &Default::default(),
+            )
+            .await
+            .expect("token for heterotrain-trainer");
+        let token = tr.status.and_then(|s| s.token).expect("token");
+        cluster.client_for_token(&token).await.unwrap()
+    };
+    let tcms: Api<ConfigMap> = Api::namespaced(trainer_client.clone(), JOBS_NS);
+    assert!(
+        tcms.get("chart-job-plan").await.is_ok(),
+        "trainer reads its plan"
+    );
+    let patch = tcms
+        .patch(
+            "chart-job-plan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"x": "y"}})),
+        )
+        .await;
+    assert!(
+        matches!(patch, Err(kube::Error::Api(ref s)) if s.code == 403),
+        "{patch:?}"
+    );
+    let tpods: Api<Pod> = Api::namespaced(trainer_client, JOBS_NS);
+    assert!(
+        matches!(tpods.list(&ListParams::default()).await, Err(kube::Error::Api(ref s)) if s.code == 403)
+    );
+
+    // The operator serves /metrics on its pod IP, as the leader.
+    let ip = op_pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("operator pod IP");
+    let metrics = wait_for("operator /metrics", Duration::from_secs(30), || {
+        let ip = ip.clone();
+        async move {
+            let body = http_get(&format!("{ip}:8080"), "/metrics").ok()?;
+            body.contains("heterotrain_operator_reconciles_total")
+                .then_some(body)
+        }
+    })
+    .await;
+    assert!(metrics.contains("heterotrain_operator_leader 1"), "{metrics}");
+    // (`promtool check metrics` on this exposition: tests/exposition.rs.)
+
+    // Ranks exit 0 (reported as a kubelet would): the job Succeeds.
+    for p in &ranks {
+        let name = p.metadata.name.clone().unwrap();
+        job_pods
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+                    "name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})),
+            )
+            .await
+            .expect("mark rank Succeeded");
+    }
+    let done = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if phase_of(jobs.clone()).await.as_deref() == Some("Succeeded") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "job never Succeeded\n{}",
+        dump(&client, &sim).await
+    );
+
+    // Delete the job (its children go with it), then uninstall.
+    jobs.delete("chart-job", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the job's children to be collected",
+        Duration::from_secs(60),
+        || {
+            let (pods, cms) = (job_pods.clone(), cms.clone());
+            async move {
+                let p = pods
+                    .list(&ListParams::default().labels("heterotrain.dev/job=chart-job"))
+                    .await
+                    .ok()?;
+                let c = cms.get_opt("chart-job-plan").await.ok()?;
+                (p.items.is_empty() && c.is_none()).then_some(())
+            }
+        },
+    )
+    .await;
+    let out = run_helm(&[
+        "uninstall",
+        RELEASE,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+        "--wait",
+        "--timeout",
+        "120s",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.contains("uninstalled"), "{out}");
+    wait_for("the operator pod to go", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    // Let a dying operator try (and fail: its RBAC is gone) to re-create state.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mut left = Vec::new();
+    for ns in [SYSTEM_NS, JOBS_NS] {
+        let names = |v: Vec<String>| {
+            v.into_iter()
+                .map(|n| format!("{ns}/{n}"))
+                .collect::<Vec<_>>()
+        };
+        macro_rules! names_of {
+            ($t:ty, $skip:expr) => {{
+                let api: Api<$t> = Api::namespaced(client.clone(), ns);
+                let skip: &[&str] = $skip;
+                names(
+                    api.list(&ListParams::default())
+                        .await
+                        .unwrap()
+                        .items
+                        .into_iter()
+                        .filter_map(|o| o.metadata.name)
+                        .filter(|n| !skip.contains(&n.as_str()))
+                        .map(|n| format!("{} {n}", stringify!($t)))
+                        .collect(),
+                )
+            }};
+        }
+        left.extend(names_of!(Deployment, &[]));
+        left.extend(names_of!(Pod, &[]));
+        left.extend(names_of!(Service, &[]));
+        left.extend(names_of!(ServiceAccount, &["default"]));
+        left.extend(names_of!(ConfigMap, &["kube-root-ca.crt"]));
+        left.extend(names_of!(Role, &[]));
+        left.extend(names_of!(RoleBinding, &[]));
+        left.extend(names_of!(Lease, &[]));
+        left.extend(names_of!(NetworkPolicy, &[]));
+    }
+    let crs: Api<ClusterRole> = Api::all(client.clone());
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
+    for n in crs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+    {
+        if n.contains("heterotrain") {
+            left.push(format!("ClusterRole {n}"));
+        }
+    }
+    for n in crbs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+    {
+        if n.contains("heterotrain") {
+            left.push(format!("ClusterRoleBinding {n}"));
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "helm uninstall left objects behind: {left:#?}"
+    );
+    // ...but the CRD stays (Helm never deletes CRDs from crds/), and so do users' jobs.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert!(crds
+        .get_opt("heterotrainingjobs.heterotrain.dev")
+        .await
+        .unwrap()
+        .is_some());
+
+    sim.stop().await;
+    cluster.stop();
+}

@@ -1,0 +1,369 @@
+//! End to end, with real everything: the local control plane, simulated
+//! nodes of different speed running real `heterotrain-trainer` processes
+//! (real c10d all-reduces), and the real `heterotrain-operator` binary under
+//! its own RBAC. Scenarios run one after another (they share two CPU cores,
+//! and speeds must not interfere), each in its own namespace; a failing
+//! scenario dumps jobs, pods, pod logs, events and the operator log.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
+use heterotrain_e2e::nodesim::NodesFile;
+use heterotrain_e2e::system::{System, SystemOptions};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, ListParams};
+
+const NODES: &str = r#"
+nodes:
+  - {name: fast, speed: 1.0, cpu: "1", memory: 4Gi}
+  - {name: slow, speed: 0.33, cpu: "1", memory: 4Gi}
+  - {name: gpu-3070, speed: 0.8, cpu: "4", memory: 8Gi, gpus: 1, gpuProduct: NVIDIA-GeForce-RTX-3070}
+  - {name: gpu-1660, speed: 0.5, cpu: "4", memory: 8Gi, gpus: 1, gpuProduct: NVIDIA-GeForce-GTX-1660}
+  - {name: gpu-2060, speed: 0.6, cpu: "4", memory: 8Gi, gpus: 1, gpuProduct: NVIDIA-GeForce-RTX-2060}
+  - {name: cpu-a, speed: 0.4, cpu: "4", memory: 8Gi, labels: {pool: big-cpu}}
+  - {name: cpu-b, speed: 0.3, cpu: "4", memory: 8Gi, labels: {pool: big-cpu}}
+"#;
+
+/// The quick-start job pinned to the `fast`/`slow` pair, one rank per node.
+fn quickstart(name: &str, policy: &str, steps: u32, claim: Option<&str>) -> String {
+    let checkpoint = match claim {
+        Some(c) => format!("  checkpoint: {{everySteps: 20, claimName: {c}}}\n"),
+        None => "  checkpoint: {everySteps: 50}\n".into(),
+    };
+    format!(
+        r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: {name}}}
+spec:
+  workers:
+    - name: cpu
+      replicas: 2
+      threads: 1
+      nodeSelector: {{pool: pair}}
+      resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
+  model: {{name: simple_cnn}}
+  dataset: {{name: synthetic_image, syntheticSamples: 4096}}
+  training: {{globalBatchSize: 64, maxSteps: {steps}, learningRate: "0.02", momentum: "0.9", seed: 1}}
+  loadBalancing: {{policy: {policy}, rebalanceIntervalSteps: 5, minGainPercent: 5}}
+  profiling: {{probeBatchSizes: [8, 32]}}
+{checkpoint}"#
+    )
+}
+
+async fn plan_of(system: &System, ns: &str, job: &str) -> BatchPlan {
+    let cms: Api<ConfigMap> = Api::namespaced(system.client().await.unwrap(), ns);
+    let cm = cms
+        .get(&format!("{job}-plan"))
+        .await
+        .expect("plan configmap");
+    let text = cm
+        .data
+        .unwrap_or_default()
+        .get(PLAN_KEY)
+        .cloned()
+        .unwrap_or_default();
+    serde_json::from_str(&text).expect("plan json")
+}
+
+/// Node of each rank's pod (rank → node).
+async fn rank_nodes(system: &System, ns: &str, job: &str) -> BTreeMap<u32, String> {
+    let pods: Api<Pod> = Api::namespaced(system.client().await.unwrap(), ns);
+    let lp = ListParams::default().labels(&format!("heterotrain.dev/job={job}"));
+    let mut out = BTreeMap::new();
+    for p in pods.list(&lp).await.unwrap() {
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        if let (Some(r), Some(n)) = (
+            labels
+                .get("heterotrain.dev/rank")
+                .and_then(|r| r.parse().ok()),
+            p.spec.and_then(|s| s.node_name),
+        ) {
+            out.insert(r, n);
+        }
+    }
+    out
+}
+
+fn phase(j: &HeteroTrainingJob) -> &str {
+    j.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn succeeded(j: &HeteroTrainingJob) -> bool {
+    phase(j) == "Succeeded"
+}
+
+async fn scenario<F, Fut>(system: &System, ns: &str, f: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let t0 = Instant::now();
+    system.create_namespace(ns).await.expect("namespace");
+    if let Err(e) = f().await {
+        panic!(
+            "scenario {ns} failed: {e}\n--- dump ---\n{}",
+            system.dump(ns).await
+        );
+    }
+    eprintln!("scenario {ns}: passed in {:.0?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end() {
+    let mut nodes = NodesFile::parse(NODES).unwrap();
+    for n in nodes
+        .nodes
+        .iter_mut()
+        .filter(|n| n.name == "fast" || n.name == "slow")
+    {
+        n.labels.insert("pool".into(), "pair".into());
+    }
+    let mut system = System::start(SystemOptions {
+        name: "e2e".into(),
+        nodes,
+        operator_args: vec![
+            "--scrape-interval=1".into(),
+            "--rebalance-interval=3".into(),
+        ],
+        prometheus: false,
+        state_dir: None,
+        verbose: true,
+    })
+    .await
+    .expect("start the system");
+    let wait = Duration::from_secs(300);
+
+    // 1. dynamic on speeds 1.0 / 0.33: the fast rank ends with ≥ 2× the slow rank's batch.
+    scenario(&system, "dynamic", || async {
+        system
+            .create_job("dynamic", &quickstart("qs", "dynamic", 400, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        let job = system
+            .wait_job("dynamic", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        let plan = plan_of(&system, "dynamic", "qs").await;
+        let nodes = rank_nodes(&system, "dynamic", "qs").await;
+        let fast = nodes
+            .iter()
+            .find(|(_, n)| n.as_str() == "fast")
+            .map(|(r, _)| *r as usize)
+            .ok_or("no rank on fast")?;
+        let slow = nodes
+            .iter()
+            .find(|(_, n)| n.as_str() == "slow")
+            .map(|(r, _)| *r as usize)
+            .ok_or("no rank on slow")?;
+        let (bf, bs) = (plan.batch_sizes[fast], plan.batch_sizes[slow]);
+        eprintln!(
+            "dynamic: final plan gen {} {:?} (fast rank {fast}: {bf}, slow rank {slow}: {bs})",
+            plan.generation, plan.batch_sizes
+        );
+        if bf < 2 * bs {
+            return Err(format!(
+                "fast rank batch {bf} < 2 × slow rank batch {bs} (plan {plan:?})"
+            ));
+        }
+        let st = job.status.clone().unwrap_or_default();
+        if st.plan_generation == 0 || st.last_rebalance.is_none() {
+            return Err(format!("no rebalance recorded in status: {st:?}"));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 2. static: the split stays equal.
+    scenario(&system, "static", || async {
+        system
+            .create_job("static", &quickstart("qs", "static", 60, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .wait_job("static", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        let plan = plan_of(&system, "static", "qs").await;
+        if plan.generation != 0 || plan.batch_sizes != vec![32, 32] {
+            return Err(format!("static plan changed: {plan:?}"));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 3. a rank process killed mid-run: gang recreated, resumes from checkpoint, restarts = 1.
+    scenario(&system, "rank-killed", || async {
+        let client = system.client().await.map_err(|e| e.to_string())?;
+        heterotrain_e2e::volumes::create_claim(
+            &client,
+            system.sim.state_dir(),
+            "rank-killed",
+            "ckpt",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        system
+            .create_job(
+                "rank-killed",
+                &quickstart("qs", "dynamic", 160, Some("ckpt")),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .wait_job("rank-killed", "qs", wait, "step ≥ 60", |j| {
+                j.status.as_ref().is_some_and(|s| s.step >= 60)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if !system
+            .sim
+            .signal_pod("rank-killed", "qs-1", libc::SIGKILL)
+            .await
+        {
+            return Err("rank 1 process not found".into());
+        }
+        let job = system
+            .wait_job("rank-killed", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        let restarts = job.status.as_ref().map(|s| s.restarts).unwrap_or_default();
+        if restarts != 1 {
+            return Err(format!("restarts = {restarts}, want 1"));
+        }
+        let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+            system.sim.state_dir(),
+            "rank-killed",
+            "qs-0",
+        ))
+        .unwrap_or_default();
+        if !log.to_lowercase().contains("resum") {
+            return Err(format!(
+                "rank 0 of the new gang did not resume from a checkpoint:\n{log}"
+            ));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 4. the operator killed and restarted mid-run: no duplicate or orphan pods, job completes.
+    scenario(&system, "operator-restart", || async {
+        system
+            .create_job("operator-restart", &quickstart("qs", "dynamic", 200, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .wait_job("operator-restart", "qs", wait, "step ≥ 20", |j| {
+                j.status.as_ref().is_some_and(|s| s.step >= 20)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        system.stop_operator(true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        system.start_operator().map_err(|e| e.to_string())?;
+        system
+            .wait_job("operator-restart", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        let pods: Api<Pod> = Api::namespaced(
+            system.client().await.map_err(|e| e.to_string())?,
+            "operator-restart",
+        );
+        let names: Vec<String> = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        if names.len() != 2 {
+            return Err(format!("expected exactly the 2 rank pods, found {names:?}"));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 5. the API server restarted mid-run: trainers keep training, the operator resyncs.
+    scenario(&system, "apiserver-restart", || async {
+        system
+            .create_job("apiserver-restart", &quickstart("qs", "dynamic", 200, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .wait_job("apiserver-restart", "qs", wait, "step ≥ 20", |j| {
+                j.status.as_ref().is_some_and(|s| s.step >= 20)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .cluster
+            .restart_apiserver(Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        let job = system
+            .wait_job("apiserver-restart", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        if job.status.as_ref().map(|s| s.restarts).unwrap_or_default() != 0 {
+            return Err(format!("the gang restarted: {:?}", job.status));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 6. the seeds' scenarios from examples/, as short runs (small model, synthetic data).
+    for (ns, file) in [
+        (
+            "hybrid-4node",
+            include_str!("../../examples/hybrid-4node.yaml"),
+        ),
+        (
+            "all-gpu-3node",
+            include_str!("../../examples/all-gpu-3node.yaml"),
+        ),
+        (
+            "cpu-only-2node",
+            include_str!("../../examples/cpu-only-2node.yaml"),
+        ),
+    ] {
+        scenario(&system, ns, || async {
+            let mut job: serde_json::Value =
+                serde_yaml::from_str(file).map_err(|e| e.to_string())?;
+            let spec = &mut job["spec"];
+            spec["model"] = serde_json::json!({"name": "mlp", "hidden": 32, "layers": 1});
+            spec["dataset"] =
+                serde_json::json!({"name": "synthetic_image", "syntheticSamples": 2048});
+            let b = spec["training"]["globalBatchSize"].clone();
+            spec["training"] =
+                serde_json::json!({"globalBatchSize": b, "maxSteps": 15, "learningRate": "0.01"});
+            spec["checkpoint"] = serde_json::json!({"everySteps": 0});
+            spec["profiling"] = serde_json::json!({"probeBatchSizes": [8]});
+            if let Some(groups) = spec["workers"].as_array_mut() {
+                for g in groups {
+                    g["threads"] = serde_json::json!(1);
+                    if g["nodeSelector"]["heterotrain.dev/accelerator"] == "cpu" {
+                        g["nodeSelector"] = serde_json::json!({"pool": "big-cpu"});
+                    }
+                }
+            }
+            let name = job["metadata"]["name"].as_str().unwrap_or(ns).to_string();
+            system
+                .create_job(ns, &serde_yaml::to_string(&job).map_err(|e| e.to_string())?)
+                .await
+                .map_err(|e| e.to_string())?;
+            system
+                .wait_job(ns, &name, wait, "Succeeded", succeeded)
+                .await
+                .map_err(|e| e.to_string())?;
+            let nodes = rank_nodes(&system, ns, &name).await;
+            eprintln!("{ns}: ranks on {nodes:?}");
+            Ok(())
+        })
+        .await;
+    }
+
+    system.stop().await;
+}
