@@ -20,6 +20,20 @@ pub struct Cli {
 pub enum Command {
     /// Train a model (one process per rank; torchrun env vars give the layout).
     Train(Box<TrainConfig>),
+    /// Measure this machine with the configured model and print its
+    /// hardware profile as JSON (the `HardwareProfile` wire type).
+    Profile(Box<TrainConfig>),
+}
+
+/// Where plans come from when no operator writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum BalancerMode {
+    /// Plans come only from --plan-file or the plan ConfigMap.
+    None,
+    /// Rank 0 runs the balancer on all-gathered measurements (bare metal).
+    Local,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -94,8 +108,9 @@ pub struct TrainConfig {
     /// Model architecture.
     #[arg(long, value_enum, default_value = "mlp", env = "HT_MODEL")]
     pub model: ModelKind,
-    /// Hidden width of mlp / simple_cnn's dense layer.
-    #[arg(long, default_value_t = 128)]
+    /// Hidden width of mlp / simple_cnn's dense layer; embedding width of
+    /// gpt (alias `--width`).
+    #[arg(long, alias = "width", default_value_t = 128)]
     pub hidden: i64,
     /// Transformer blocks (gpt).
     #[arg(long, default_value_t = 2)]
@@ -103,9 +118,6 @@ pub struct TrainConfig {
     /// Attention heads (gpt).
     #[arg(long, default_value_t = 4)]
     pub heads: i64,
-    /// Embedding width (gpt).
-    #[arg(long, default_value_t = 128)]
-    pub width: i64,
     /// Context length in tokens (gpt, synthetic_text).
     #[arg(long, default_value_t = 64)]
     pub context: i64,
@@ -208,6 +220,46 @@ pub struct TrainConfig {
     #[arg(long, env = "HT_PLAN_FILE")]
     pub plan_file: Option<PathBuf>,
 
+    /// Plan ConfigMap to watch for `plan.json` (set by the operator); rank 0
+    /// watches it and all ranks switch at the same step.
+    #[arg(long, env = "HETEROTRAIN_PLAN_CONFIGMAP")]
+    pub plan_configmap: Option<String>,
+    /// Namespace of the plan ConfigMap (default: the kube client's).
+    #[arg(long, env = "HETEROTRAIN_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// `local`: rank 0 balances from all-gathered measurements (no operator).
+    #[arg(long, value_enum, default_value = "none", env = "HT_BALANCER")]
+    pub balancer: BalancerMode,
+    /// Balancing policy for `--balancer local`: static, proportional,
+    /// dynamic, hybrid.
+    #[arg(long, default_value = "dynamic", env = "HT_POLICY")]
+    pub policy: String,
+    /// Steps between local balancing rounds.
+    #[arg(long, default_value_t = 20)]
+    pub balance_every: u64,
+    /// Hysteresis of the local balancer: minimum predicted gain, percent.
+    #[arg(long, default_value_t = 5)]
+    pub min_gain_percent: u32,
+    /// Rank 0 prints a one-line status every N steps (0: never).
+    #[arg(long, default_value_t = 50)]
+    pub status_every: u64,
+
+    /// Port of the Prometheus `/metrics` endpoint (0: no endpoint).
+    #[arg(long, default_value_t = heterotrain_crds::metrics::DEFAULT_METRICS_PORT, env = "HT_METRICS_PORT")]
+    pub metrics_port: u16,
+    /// Address the metrics endpoint binds (default: `POD_IP`, else 0.0.0.0).
+    #[arg(long, env = "POD_IP")]
+    pub metrics_addr: Option<String>,
+    /// Local batch sizes the start-up profile measures.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
+    pub profile_batch_sizes: Vec<u32>,
+    /// Skip the start-up hardware profile.
+    #[arg(long)]
+    pub no_profile: bool,
+    /// Time budget of the profile's measurements, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    pub profile_seconds: f64,
+
     /// Seconds to wait for all ranks to join.
     #[arg(long, default_value_t = 300)]
     pub rendezvous_timeout_secs: u64,
@@ -279,10 +331,27 @@ impl TrainConfig {
         if self.dataset == DatasetKind::SyntheticText && self.model != ModelKind::Gpt {
             return Err("--dataset synthetic_text needs --model gpt".into());
         }
-        if self.model == ModelKind::Gpt && (self.heads <= 0 || self.width % self.heads != 0) {
+        if self.model == ModelKind::Gpt && (self.heads <= 0 || self.hidden % self.heads != 0) {
             return Err(format!(
-                "--width {} must be a positive multiple of --heads {}",
-                self.width, self.heads
+                "--hidden (embedding width) {} must be a positive multiple of --heads {}",
+                self.hidden, self.heads
+            ));
+        }
+        if self.balancer == BalancerMode::Local {
+            self.policy
+                .parse::<heterotrain_balancer::Policy>()
+                .map_err(|e| format!("--policy: {e}"))?;
+            if self.balance_every == 0 {
+                return Err("--balance-every must be at least 1".into());
+            }
+        }
+        if self.profile_batch_sizes.is_empty() || self.profile_batch_sizes.contains(&0) {
+            return Err("--profile-batch-sizes needs positive sizes".into());
+        }
+        if !(self.profile_seconds.is_finite() && self.profile_seconds > 0.0) {
+            return Err(format!(
+                "--profile-seconds must be positive, got {}",
+                self.profile_seconds
             ));
         }
         if matches!(self.dataset, DatasetKind::Cifar10 | DatasetKind::Mnist)

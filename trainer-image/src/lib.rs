@@ -8,10 +8,15 @@ pub mod control;
 pub mod data;
 pub mod error;
 pub mod grad_sync;
+pub mod local_balance;
 pub mod log;
+pub mod metrics;
 pub mod models;
+pub mod nvml;
 pub mod optim;
 pub mod plan_source;
+pub mod plan_watch;
+pub mod profile;
 pub mod sampler;
 pub mod train;
 

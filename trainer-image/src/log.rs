@@ -49,6 +49,16 @@ pub struct StepRecord {
     /// Global samples per second of wall time for this step.
     pub samples_per_second: f64,
     pub invalid_plans: u64,
+    /// Wall-clock time the step ended (Unix seconds).
+    pub unix_seconds: f64,
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// End-of-epoch evaluation as logged.

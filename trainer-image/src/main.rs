@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use heterotrain_trainer::cli::{Cli, Command};
-use heterotrain_trainer::train;
+use heterotrain_trainer::{data, profile, train};
 
 fn main() {
     let cli = Cli::parse();
@@ -33,5 +33,26 @@ fn main() {
                 }
             }
         }
+        Command::Profile(cfg) => {
+            if let Err(e) = run_profile(&cfg) {
+                eprintln!("error: rank {}: {e}", cfg.rank);
+                std::process::exit(1);
+            }
+        }
     }
+}
+
+/// `heterotrain-trainer profile`: measure, print the profile JSON on stdout.
+fn run_profile(cfg: &heterotrain_trainer::cli::TrainConfig) -> heterotrain_trainer::Result<()> {
+    use heterotrain_trainer::TrainerError;
+    cfg.validate().map_err(TrainerError::Config)?;
+    train::apply_threads(cfg);
+    let device = train::pick_device(cfg)?;
+    let gpu = train::open_gpu(device);
+    let data = data::load(cfg)?;
+    let p = profile::measure(cfg, device, &data, gpu.as_ref())?;
+    let text = serde_json::to_string_pretty(&p)
+        .map_err(|e| TrainerError::Config(format!("cannot encode the profile: {e}")))?;
+    println!("{text}");
+    Ok(())
 }

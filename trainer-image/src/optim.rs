@@ -144,7 +144,7 @@ mod tests {
         let mut v = vec!["x", "train"];
         v.extend_from_slice(args);
         match crate::cli::Cli::parse_from(v).command {
-            crate::cli::Command::Train(c) => *c,
+            crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
         }
     }
 

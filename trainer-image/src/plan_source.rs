@@ -85,41 +85,55 @@ pub struct PlanGate {
     pub invalid_plans: u64,
     /// Why the last plan was refused.
     pub last_error: Option<String>,
+    /// Stable label of the last refusal (metrics).
+    pub last_reason: Option<&'static str>,
+    /// The current plan is the built-in equal split, not one anybody wrote:
+    /// a proposal of the same generation may replace it.
+    pub current_is_default: bool,
 }
 
 impl PlanGate {
     /// Decide on a proposal against the current plan. Returns the plan to
-    /// switch to, or None (keeping the current one, with a warning).
+    /// switch to, or None (keeping the current one, with a warning unless
+    /// the proposal is the current plan again).
     pub fn consider(
         &mut self,
         proposal: Result<BatchPlan, PlanError>,
         current: &BatchPlan,
         world_size: usize,
     ) -> Option<BatchPlan> {
-        let refuse = |gate: &mut PlanGate, why: String| {
+        let refuse = |gate: &mut PlanGate, label: &'static str, why: String| {
             eprintln!(
                 "warning: ignoring proposed plan, keeping generation {}: {why}",
                 current.generation
             );
             gate.invalid_plans += 1;
             gate.last_error = Some(why);
+            gate.last_reason = Some(label);
             None
         };
         match proposal {
-            Err(e) => refuse(self, e.to_string()),
+            Err(e) => refuse(self, e.metric_label(), e.to_string()),
             Ok(p) => {
                 if let Err(e) = p.validate_for(world_size, current.global_batch_size) {
-                    return refuse(self, e.to_string());
+                    return refuse(self, e.metric_label(), e.to_string());
                 }
-                if p.generation <= current.generation {
+                if p.generation == current.generation && p.batch_sizes == current.batch_sizes {
+                    return None;
+                }
+                let newer = p.generation > current.generation
+                    || (self.current_is_default && p.generation == current.generation);
+                if !newer {
                     return refuse(
                         self,
+                        "old_generation",
                         format!(
                             "generation {} is not newer than the current {}",
                             p.generation, current.generation
                         ),
                     );
                 }
+                self.current_is_default = false;
                 Some(p)
             }
         }
@@ -144,11 +158,34 @@ mod tests {
         other_b.generation = 5;
         assert!(g.consider(Ok(other_b), &cur, 3).is_none());
         assert_eq!(g.invalid_plans, 3);
+        assert_eq!(g.last_reason, Some("global_mismatch"));
+        // The current plan again: no change, no complaint.
+        assert!(g.consider(Ok(cur.clone()), &cur, 3).is_none());
+        assert_eq!(g.invalid_plans, 3);
         old.generation = 2;
         assert_eq!(
             g.consider(Ok(old), &cur, 3).unwrap().batch_sizes,
             vec![30, 1, 1]
         );
+    }
+
+    #[test]
+    fn default_plan_yields_to_same_generation() {
+        let cur = BatchPlan::equal(0, 8, 2);
+        let mut p = cur.clone();
+        p.batch_sizes = vec![6, 2];
+        let mut g = PlanGate {
+            current_is_default: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            g.consider(Ok(p.clone()), &cur, 2).map(|p| p.batch_sizes),
+            Some(vec![6, 2])
+        );
+        assert!(!g.current_is_default);
+        let mut g = PlanGate::default();
+        assert!(g.consider(Ok(p), &cur, 2).is_none());
+        assert_eq!(g.last_reason, Some("old_generation"));
     }
 
     #[test]

@@ -13,15 +13,20 @@ use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, ProcessGroup, RendezvousConfig};
 use crate::checkpoint::{self, Snapshot};
-use crate::cli::{BackendKind, DeviceArg, ResumeMode, TrainConfig};
+use crate::cli::{BackendKind, BalancerMode, DeviceArg, ResumeMode, TrainConfig};
 use crate::control;
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
 use crate::grad_sync::{self, GradBuckets};
+use crate::local_balance::{self, Interval, LocalBalancer};
 use crate::log::{EvalRecord, JsonlLog, StepRecord, StepTimings};
+use crate::metrics::{self, TrainerMetrics};
 use crate::models::{self, Model};
+use crate::nvml::Gpu;
 use crate::optim::{self, Optimizer};
 use crate::plan_source::{FilePlanSource, NoPlanSource, PlanGate, PlanSource};
+use crate::plan_watch::ConfigMapPlanSource;
+use crate::profile;
 use crate::sampler::{steps_per_epoch, HeteroSampler, SamplerPosition};
 
 /// What a finished run reports.
@@ -32,7 +37,7 @@ pub struct RunSummary {
     pub last_eval_accuracy: Option<f64>,
 }
 
-fn pick_device(cfg: &TrainConfig) -> Result<Device> {
+pub fn pick_device(cfg: &TrainConfig) -> Result<Device> {
     match cfg.device {
         DeviceArg::Cpu => Ok(Device::Cpu),
         DeviceArg::Cuda => {
@@ -115,13 +120,46 @@ fn broadcast_all(pg: Option<&ProcessGroup>, tensors: &[(String, Tensor)]) -> Res
     Ok(())
 }
 
-fn initial_plan(cfg: &TrainConfig) -> Result<(BatchPlan, Box<dyn PlanSource>)> {
+/// The starting plan and where later plans come from. `gate` learns
+/// whether the start is the built-in equal split.
+fn initial_plan(
+    cfg: &TrainConfig,
+    gate: &mut PlanGate,
+    metrics: &TrainerMetrics,
+) -> Result<(BatchPlan, Box<dyn PlanSource>)> {
     let ws = cfg.world_size;
+    let equal = BatchPlan::equal(0, cfg.batch_size, ws);
     match &cfg.plan_file {
-        None => Ok((
-            BatchPlan::equal(0, cfg.batch_size, ws),
-            Box::new(NoPlanSource),
-        )),
+        None => {
+            gate.current_is_default = true;
+            let Some(name) = cfg.plan_configmap.clone().filter(|_| cfg.rank == 0) else {
+                return Ok((equal, Box::new(NoPlanSource)));
+            };
+            let mut src = match ConfigMapPlanSource::start(name.clone(), cfg.namespace.clone(), ws)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("warning: cannot start the plan watch: {e}; plans stay fixed");
+                    return Ok((equal, Box::new(NoPlanSource)));
+                }
+            };
+            eprintln!(
+                "rank 0: watching ConfigMap {name} for {}",
+                heterotrain_crds::plan::PLAN_KEY
+            );
+            let mut plan = equal;
+            if let Some(p) = src.wait_first(Duration::from_secs(5)) {
+                match gate.consider(p, &plan, ws) {
+                    Some(p) => plan = p,
+                    None => {
+                        if let Some(r) = gate.last_reason.take() {
+                            metrics.plan_rejected(r);
+                        }
+                    }
+                }
+            }
+            Ok((plan, Box::new(src)))
+        }
         Some(path) => {
             let mut src = FilePlanSource::new(path.clone(), ws);
             let plan = src.read_now().map_err(TrainerError::Config)?;
@@ -161,19 +199,75 @@ fn evaluate(
     Ok((c / k, l / k, v[1]))
 }
 
-/// Run training with `cfg` until done or stopped; `stop` is set by SIGTERM.
-pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
-    cfg.validate().map_err(TrainerError::Config)?;
+/// Set libtorch's thread counts from the config.
+pub fn apply_threads(cfg: &TrainConfig) {
     if cfg.threads > 0 {
         tch::set_num_threads(cfg.threads as i32);
         tch::set_num_interop_threads(1);
     }
+}
+
+/// NVML for a CUDA device (None on CPU or without NVML).
+pub fn open_gpu(device: Device) -> Option<Gpu> {
+    match device {
+        Device::Cuda(i) => Gpu::open(i),
+        _ => None,
+    }
+}
+
+/// Start the metrics endpoint (a bind failure is a warning, not an error).
+fn serve_metrics(cfg: &TrainConfig, mx: &Arc<TrainerMetrics>) {
+    if cfg.metrics_port != 0 {
+        let addr = cfg
+            .metrics_addr
+            .clone()
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| "0.0.0.0".into());
+        match metrics::serve(Arc::clone(mx), &addr, cfg.metrics_port) {
+            Ok(a) => eprintln!("rank {}: metrics on http://{a}/metrics", cfg.rank),
+            Err(e) => eprintln!(
+                "warning: rank {}: no metrics endpoint on {addr}:{}: {e}",
+                cfg.rank, cfg.metrics_port
+            ),
+        }
+    }
+}
+
+/// Run training with `cfg` until done or stopped; `stop` is set by SIGTERM.
+pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
+    cfg.validate().map_err(TrainerError::Config)?;
+    apply_threads(cfg);
     if cfg.deterministic {
         c10d::set_deterministic(true);
     }
     let device = pick_device(cfg)?;
-    let (mut plan, mut source) = initial_plan(cfg)?;
+    let gpu = open_gpu(device);
+    let mx = Arc::new(TrainerMetrics::new(gpu.clone()));
+    mx.set_device(&profile::device_info(device, gpu.as_ref()));
+    let mut gate = PlanGate::default();
+    let (mut plan, mut source) = initial_plan(cfg, &mut gate, &mx)?;
     let data = data::load(cfg)?;
+    // After the configuration is known good: errors stay one line.
+    serve_metrics(cfg, &mx);
+    let hw_profile = if cfg.no_profile {
+        None
+    } else {
+        let t = Instant::now();
+        let p = profile::measure(cfg, device, &data, gpu.as_ref())?;
+        mx.set_profile(&p);
+        eprintln!(
+            "rank {}: profile in {:.1}s: {} {:.2e} FLOP/s, {:.2e} B/s, t(b) = {:.4} + {:.6}·b s, max batch {}",
+            cfg.rank,
+            t.elapsed().as_secs_f64(),
+            p.device.name,
+            p.matmul_flops,
+            p.memory_bandwidth_bytes_per_second,
+            p.fixed_seconds,
+            p.per_sample_seconds,
+            p.max_batch_size
+        );
+        Some(p)
+    };
     let spe = steps_per_epoch(data.train_len(), cfg.batch_size);
     let total = cfg
         .max_steps
@@ -237,9 +331,33 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         opt.steps = meta[4] as u64;
     }
 
+    mx.set_position(step, pos.epoch);
+    mx.set_plan(
+        plan.generation,
+        plan.batch_sizes.get(rank).copied().unwrap_or(0),
+    );
+
+    // Bare-metal balancing: profiles are gathered once; rank 0 decides.
+    let local = cfg.balancer == BalancerMode::Local;
+    let mut balancer = None;
+    let mut pending: Option<BatchPlan> = None;
+    if local {
+        let profiles = local_balance::gather_profiles(pg, hw_profile.as_ref())?;
+        if rank == 0 {
+            let mut lb = LocalBalancer::new(cfg)?;
+            lb.observe_profiles(&profiles);
+            if profiles.iter().all(Option::is_some) {
+                pending = lb.round(&[], &plan);
+            }
+            balancer = Some(lb);
+        }
+    }
+    let mut interval = Interval::default();
+    let mut warm = true;
+    let mut status_since = (Instant::now(), step);
+
     let buckets = GradBuckets::new(&params, cfg.bucket_mib.max(1) << 20);
     let mut sampler = HeteroSampler::new(data.train_len(), cfg.seed, !cfg.no_shuffle);
-    let mut gate = PlanGate::default();
     let mut last_acc = None;
     let mut stopped = false;
     let model_name = serde_json::to_value(cfg.model)
@@ -276,9 +394,17 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         // Step boundary: rank 0 considers proposals; everyone agrees.
         let mut proposed = plan.clone();
         if rank == 0 {
-            if let Some(p) = source.poll() {
-                if let Some(p) = gate.consider(p, &plan, cfg.world_size) {
-                    proposed = p;
+            for p in [pending.take().map(Ok), source.poll()]
+                .into_iter()
+                .flatten()
+            {
+                match gate.consider(p, &proposed, cfg.world_size) {
+                    Some(p) => proposed = p,
+                    None => {
+                        if let Some(r) = gate.last_reason.take() {
+                            mx.plan_rejected(r);
+                        }
+                    }
                 }
             }
         }
@@ -287,7 +413,10 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             stopped = true;
             break;
         }
-        if agreed.plan.generation != plan.generation {
+        // Generation 0 from a ConfigMap may replace the built-in equal split
+        // of the same generation: compare the batches too.
+        if agreed.plan.generation != plan.generation || agreed.plan.batch_sizes != plan.batch_sizes
+        {
             agreed
                 .plan
                 .validate_for(cfg.world_size, cfg.batch_size)
@@ -301,6 +430,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 );
             }
             plan = agreed.plan;
+            mx.set_plan(plan.generation, plan.batch_sizes[rank]);
+            warm = true;
         }
 
         let b_local = plan.batch_sizes[rank];
@@ -366,7 +497,11 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             step_seconds: step_s,
             samples_per_second: f64::from(b_global) / step_s.max(1e-12),
             invalid_plans: gate.invalid_plans,
+            unix_seconds: crate::log::unix_seconds(),
         });
+        mx.observe_step(step, pos.epoch, b_local, &tm, step_s, local_loss);
+        interval.record(b_local, tm.compute_seconds(), !warm);
+        warm = false;
         if !global_loss.is_finite() {
             return Err(TrainerError::Data(format!(
                 "loss became {global_loss} at step {step}; lower --lr"
@@ -386,6 +521,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 broadcast_all(pg, &buffers)?;
                 let (acc, eval_loss, n) = evaluate(cfg, &model, &data, device, pg)?;
                 last_acc = Some(acc);
+                mx.set_eval(acc, eval_loss);
                 log.write(&EvalRecord {
                     event: "eval",
                     rank,
@@ -409,6 +545,28 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 step_in_epoch: 0,
             };
         }
+        // Every rank takes part (same step on all): balancing round and status.
+        let balance_now = local && step % cfg.balance_every == 0;
+        let status_now = cfg.status_every > 0 && step % cfg.status_every == 0;
+        if balance_now || status_now {
+            let reports = local_balance::gather(pg, interval.report())?;
+            if balance_now {
+                interval.reset();
+                if let Some(lb) = balancer.as_mut() {
+                    pending = lb.round(&reports, &plan);
+                }
+            }
+            if status_now && rank == 0 {
+                let (t, s0) = status_since;
+                let sps =
+                    (step - s0) as f64 * f64::from(b_global) / t.elapsed().as_secs_f64().max(1e-9);
+                eprintln!(
+                    "{}",
+                    local_balance::status_line(step, total, global_loss, sps, &plan, &reports)
+                );
+                status_since = (Instant::now(), step);
+            }
+        }
         if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < total {
             save(step, pos, &plan, &opt)?;
         }
@@ -418,6 +576,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     }
 
     save(step, pos, &plan, &opt)?;
+    mx.set_finished();
     if rank == 0 {
         write_weights(&cfg.output_dir.join("model.safetensors"), &all_vars)?;
     }

@@ -84,7 +84,7 @@ pub fn build(p: &nn::Path, cfg: &TrainConfig, shape: &DataShape) -> Result<Model
                 context: *context,
                 layers: cfg.layers,
                 heads: cfg.heads,
-                width: cfg.width,
+                width: cfg.hidden,
             },
         )),
         (m, _) => return Err(mismatch(&format!("{m:?}"))),

@@ -1,0 +1,322 @@
+//! Bare-metal balancing (`--balancer local`) and the status line: every few
+//! steps all ranks all-gather their measurements over c10d; rank 0 feeds
+//! them to the balancer library (the operator's, same policies) and offers
+//! the resulting plan at the next step boundary, where every rank switches
+//! together. The same gathered numbers give the status line's balance class.
+
+use heterotrain_balancer::{balance_quality, Balancer, BalancerConfig, Policy};
+use heterotrain_crds::{BatchPlan, HardwareProfile};
+use tch::Tensor;
+
+use crate::c10d::ProcessGroup;
+use crate::cli::TrainConfig;
+use crate::error::{Result, TrainerError};
+
+/// Profile points carried in the start-up gather (more are dropped).
+const MAX_POINTS: usize = 8;
+
+/// A rank's gathered profile: `(batch, seconds)` points and its memory cap.
+pub type GatheredProfile = Option<(Vec<(u32, f64)>, u32)>;
+
+/// One rank's measurements since the last balancing round.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RankReport {
+    /// Local batch the measurements were taken at.
+    pub batch: u32,
+    /// Mean compute seconds per step over the interval (0 when none).
+    pub mean_compute_seconds: f64,
+    /// Steps measured in the interval.
+    pub samples: u32,
+    /// Compute seconds of the last step.
+    pub last_compute_seconds: f64,
+}
+
+/// Accumulates a rank's compute times at one batch size.
+#[derive(Clone, Debug, Default)]
+pub struct Interval {
+    batch: u32,
+    sum: f64,
+    n: u32,
+    last: f64,
+}
+
+impl Interval {
+    /// One step's compute seconds at local batch `batch`; `measure` false
+    /// for warm-up steps (first of a run or of a plan), which are not
+    /// averaged.
+    pub fn record(&mut self, batch: u32, compute_seconds: f64, measure: bool) {
+        self.last = compute_seconds;
+        if batch != self.batch {
+            *self = Interval {
+                batch,
+                last: compute_seconds,
+                ..Default::default()
+            };
+        }
+        if measure && compute_seconds.is_finite() && compute_seconds > 0.0 {
+            self.sum += compute_seconds;
+            self.n += 1;
+        }
+    }
+
+    pub fn report(&self) -> RankReport {
+        RankReport {
+            batch: self.batch,
+            mean_compute_seconds: if self.n > 0 {
+                self.sum / f64::from(self.n)
+            } else {
+                0.0
+            },
+            samples: self.n,
+            last_compute_seconds: self.last,
+        }
+    }
+
+    /// Start a new interval (after a balancing round).
+    pub fn reset(&mut self) {
+        self.sum = 0.0;
+        self.n = 0;
+    }
+}
+
+/// Every rank's report (`pg` None: just ours).
+pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankReport>> {
+    let Some(pg) = pg else { return Ok(vec![mine]) };
+    let t = Tensor::from_slice(&[
+        f64::from(mine.batch),
+        mine.mean_compute_seconds,
+        f64::from(mine.samples),
+        mine.last_compute_seconds,
+    ]);
+    let outs = pg.all_gather(&t)?;
+    Ok(outs
+        .iter()
+        .map(|o| {
+            let v = Vec::<f64>::try_from(o).unwrap_or_default();
+            let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+            RankReport {
+                batch: at(0).max(0.0) as u32,
+                mean_compute_seconds: at(1),
+                samples: at(2).max(0.0) as u32,
+                last_compute_seconds: at(3),
+            }
+        })
+        .collect())
+}
+
+/// Every rank's profile points and memory cap, if it profiled.
+pub fn gather_profiles(
+    pg: Option<&ProcessGroup>,
+    mine: Option<&HardwareProfile>,
+) -> Result<Vec<GatheredProfile>> {
+    let mut v = vec![0f64; 2 + 2 * MAX_POINTS];
+    if let Some(p) = mine {
+        v[0] = 1.0;
+        v[1] = f64::from(p.max_batch_size);
+        for (i, pt) in p.points.iter().take(MAX_POINTS).enumerate() {
+            v[2 + 2 * i] = f64::from(pt.batch_size);
+            v[3 + 2 * i] = pt.seconds;
+        }
+    }
+    let all: Vec<Vec<f64>> = match pg {
+        None => vec![v],
+        Some(pg) => pg
+            .all_gather(&Tensor::from_slice(&v))?
+            .iter()
+            .map(|t| Vec::<f64>::try_from(t).unwrap_or_default())
+            .collect(),
+    };
+    Ok(all
+        .into_iter()
+        .map(|v| {
+            if v.len() < 2 + 2 * MAX_POINTS || v[0] < 0.5 {
+                return None;
+            }
+            let points: Vec<(u32, f64)> = (0..MAX_POINTS)
+                .map(|i| (v[2 + 2 * i], v[3 + 2 * i]))
+                .filter(|(b, t)| *b >= 1.0 && *t > 0.0)
+                .map(|(b, t)| (b as u32, t))
+                .collect();
+            Some((points, v[1].max(1.0) as u32))
+        })
+        .collect())
+}
+
+/// Rank 0's balancer.
+pub struct LocalBalancer {
+    inner: Balancer,
+    policy: Policy,
+}
+
+impl LocalBalancer {
+    pub fn new(cfg: &TrainConfig) -> Result<LocalBalancer> {
+        let policy: Policy = cfg
+            .policy
+            .parse()
+            .map_err(|e| TrainerError::Config(format!("--policy: {e}")))?;
+        let inner = Balancer::new(
+            BalancerConfig {
+                policy,
+                global_batch_size: cfg.batch_size,
+                min_local_batch: 1,
+                min_gain_percent: cfg.min_gain_percent,
+                ..BalancerConfig::default()
+            },
+            cfg.world_size,
+        )
+        .map_err(|e| TrainerError::Config(format!("balancer: {e}")))?;
+        Ok(LocalBalancer { inner, policy })
+    }
+
+    /// Feed the start-up profiles.
+    pub fn observe_profiles(&mut self, profiles: &[GatheredProfile]) {
+        for (r, p) in profiles.iter().enumerate() {
+            if let Some((points, cap)) = p {
+                if let Err(e) = self.inner.observe_profile(r, points, *cap) {
+                    eprintln!("warning: balancer: rank {r}'s profile: {e}");
+                }
+            }
+        }
+    }
+
+    /// One round: feed the reports, decide against `current`; a new plan
+    /// (generation + 1) when the balancer finds one worth switching to.
+    pub fn round(&mut self, reports: &[RankReport], current: &BatchPlan) -> Option<BatchPlan> {
+        for (r, rep) in reports.iter().enumerate() {
+            if rep.samples > 0 && rep.batch > 0 {
+                let _ = self
+                    .inner
+                    .observe_step(r, rep.batch, rep.mean_compute_seconds);
+            }
+        }
+        match self.inner.decide(&current.batch_sizes) {
+            Ok(d) => {
+                let batches = d.plan?;
+                if batches == current.batch_sizes {
+                    return None;
+                }
+                Some(BatchPlan {
+                    generation: current.generation + 1,
+                    global_batch_size: current.global_batch_size,
+                    batch_sizes: batches,
+                    policy: self.policy.as_str().into(),
+                    reason: format!("local balancer: {} (gain {:.1}%)", d.reason, d.gain_percent),
+                    predicted_step_seconds: Some(d.predicted_step_seconds),
+                })
+            }
+            Err(e) => {
+                eprintln!("warning: balancer: {e}; keeping the plan");
+                None
+            }
+        }
+    }
+}
+
+/// The one-line status rank 0 prints every `--status-every` steps.
+pub fn status_line(
+    step: u64,
+    total: u64,
+    loss: f64,
+    samples_per_second: f64,
+    plan: &BatchPlan,
+    reports: &[RankReport],
+) -> String {
+    let compute: Vec<f64> = reports
+        .iter()
+        .map(|r| r.last_compute_seconds)
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .collect();
+    let q = balance_quality(&compute);
+    let total = if total == u64::MAX {
+        String::new()
+    } else {
+        format!("/{total}")
+    };
+    let batches: Vec<String> = plan.batch_sizes.iter().map(u32::to_string).collect();
+    format!(
+        "status: step {step}{total} loss {loss:.4} {samples_per_second:.1} samples/s batches [{}] gen {} compute cv {:.1}% {}",
+        batches.join(","),
+        plan.generation,
+        q.cv_percent,
+        q.class.as_str()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_averages_measured_steps_at_one_batch() {
+        let mut i = Interval::default();
+        i.record(8, 0.5, false);
+        i.record(8, 0.2, true);
+        i.record(8, 0.4, true);
+        let r = i.report();
+        assert_eq!((r.batch, r.samples), (8, 2));
+        assert!((r.mean_compute_seconds - 0.3).abs() < 1e-12);
+        i.record(12, 0.6, true);
+        assert_eq!(i.report().samples, 1);
+        assert_eq!(i.report().batch, 12);
+    }
+
+    #[test]
+    fn status_line_is_one_compact_line() {
+        let plan = BatchPlan::equal(3, 64, 2);
+        let reps = [
+            RankReport {
+                batch: 32,
+                last_compute_seconds: 0.1,
+                ..Default::default()
+            },
+            RankReport {
+                batch: 32,
+                last_compute_seconds: 0.3,
+                ..Default::default()
+            },
+        ];
+        let s = status_line(120, 500, 0.5, 1000.0, &plan, &reps);
+        assert!(!s.contains('\n'));
+        assert!(s.contains("step 120/500") && s.contains("[32,32]") && s.contains("gen 3"));
+        assert!(s.contains("cv 50.0%"), "{s}");
+    }
+
+    #[test]
+    fn local_round_moves_samples_to_the_faster_rank() {
+        let cfg = crate::cli::TrainConfig {
+            world_size: 2,
+            batch_size: 64,
+            ..test_cfg()
+        };
+        let mut lb = LocalBalancer::new(&cfg).expect("balancer");
+        let cur = BatchPlan::equal(0, 64, 2);
+        let reps = [
+            RankReport {
+                batch: 32,
+                mean_compute_seconds: 0.1,
+                samples: 5,
+                last_compute_seconds: 0.1,
+            },
+            RankReport {
+                batch: 32,
+                mean_compute_seconds: 0.3,
+                samples: 5,
+                last_compute_seconds: 0.3,
+            },
+        ];
+        let p = lb.round(&reps, &cur).expect("a new plan");
+        assert_eq!(p.generation, 1);
+        assert_eq!(p.batch_sizes.iter().sum::<u32>(), 64);
+        assert!(p.batch_sizes[0] > 32, "{:?}", p.batch_sizes);
+    }
+
+    fn test_cfg() -> crate::cli::TrainConfig {
+        use clap::Parser;
+        match crate::cli::Cli::try_parse_from(["t", "train", "--policy", "dynamic"]) {
+            Ok(crate::cli::Cli {
+                command: crate::cli::Command::Train(c),
+            }) => *c,
+            other => panic!("parse: {other:?}"),
+        }
+    }
+}

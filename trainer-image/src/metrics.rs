@@ -1,0 +1,584 @@
+//! The trainer's Prometheus metrics (names from `heterotrain_crds::metrics`,
+//! the contract with the operator's scraper and the dashboards) and a small
+//! `/metrics` HTTP server on its own thread. Process CPU/memory and, on GPUs
+//! with an NVML library, GPU gauges are refreshed at each scrape; without a
+//! GPU or NVML those series are absent and nothing fails.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use heterotrain_crds::metrics as m;
+use heterotrain_crds::HardwareProfile;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::log::StepTimings;
+use crate::nvml::Gpu;
+
+type FloatCounter = Counter<f64, AtomicU64>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BatchLabels {
+    batch_size: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    kind: String,
+    name: String,
+    threads: String,
+    compute_capability: String,
+    driver_version: String,
+}
+
+/// GPU gauges, registered only when NVML answers for our device.
+struct GpuGauges {
+    gpu: Gpu,
+    utilization: FloatGauge,
+    memory_used: Gauge,
+    memory_total: Gauge,
+    temperature: FloatGauge,
+    power: FloatGauge,
+    sm_clock: FloatGauge,
+}
+
+/// Strip the `_total` suffix prometheus-client appends to counters itself.
+fn counter_name(full: &str) -> &str {
+    full.strip_suffix("_total").unwrap_or(full)
+}
+
+/// Every metric a trainer rank exports.
+pub struct TrainerMetrics {
+    registry: Registry,
+    phase_seconds: Family<PhaseLabels, FloatCounter>,
+    step_seconds: Histogram,
+    samples: Counter,
+    steps: Counter,
+    compute_seconds: FloatCounter,
+    compute_per_sample: FloatGauge,
+    last_step_compute: FloatGauge,
+    local_batch: Gauge,
+    plan_generation: Gauge,
+    plan_rejected: Family<ReasonLabels, Counter>,
+    step: Gauge,
+    epoch: Gauge,
+    loss: FloatGauge,
+    eval_accuracy: FloatGauge,
+    eval_loss: FloatGauge,
+    finished: Gauge,
+    profile_flops: FloatGauge,
+    profile_bandwidth: FloatGauge,
+    profile_step: Family<BatchLabels, FloatGauge>,
+    profile_fixed: FloatGauge,
+    profile_per_sample: FloatGauge,
+    profile_max_batch: Gauge,
+    device_info: Family<DeviceLabels, Gauge>,
+    process_cpu: FloatCounter,
+    process_rss: Gauge,
+    /// Last process CPU seconds read (the counter is advanced by deltas).
+    cpu_seen: Mutex<f64>,
+    gpu: Option<GpuGauges>,
+    /// Smoothing state of compute seconds per sample.
+    ema: Mutex<Option<f64>>,
+}
+
+impl TrainerMetrics {
+    /// Build the registry. `gpu` is this rank's GPU (None on CPU ranks or
+    /// without NVML): its gauges exist only then.
+    pub fn new(gpu: Option<Gpu>) -> TrainerMetrics {
+        let mut r = Registry::default();
+        let phase_seconds = Family::<PhaseLabels, FloatCounter>::default();
+        r.register(
+            counter_name(m::PHASE_SECONDS_TOTAL),
+            "Seconds spent per training phase (all-reduce = waiting for the other ranks)",
+            phase_seconds.clone(),
+        );
+        for phase in m::PHASES {
+            // Present from the start, so rates exist before the first step.
+            let _ = phase_seconds.get_or_create(&PhaseLabels { phase });
+        }
+        let step_seconds = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
+        r.register(
+            m::STEP_SECONDS,
+            "Wall-clock seconds per training step",
+            step_seconds.clone(),
+        );
+        let samples = Counter::default();
+        r.register(
+            counter_name(m::SAMPLES_TOTAL),
+            "Samples this rank trained on",
+            samples.clone(),
+        );
+        let steps = Counter::default();
+        r.register(
+            counter_name(m::STEPS_TOTAL),
+            "Optimizer steps taken",
+            steps.clone(),
+        );
+        let compute_seconds = FloatCounter::default();
+        r.register(
+            counter_name(m::COMPUTE_SECONDS_TOTAL),
+            "Compute seconds (data, forward, backward, optimizer; no all-reduce wait)",
+            compute_seconds.clone(),
+        );
+        let g = |r: &mut Registry, name: &str, help: &str| {
+            let x = FloatGauge::default();
+            r.register(name, help, x.clone());
+            x
+        };
+        let gi = |r: &mut Registry, name: &str, help: &str| {
+            let x = Gauge::default();
+            r.register(name, help, x.clone());
+            x
+        };
+        let compute_per_sample = g(
+            &mut r,
+            m::COMPUTE_SECONDS_PER_SAMPLE,
+            "Smoothed compute seconds per sample on this rank",
+        );
+        let last_step_compute = g(
+            &mut r,
+            m::LAST_STEP_COMPUTE_SECONDS,
+            "Compute seconds of the last step",
+        );
+        let local_batch = gi(&mut r, m::LOCAL_BATCH_SIZE, "Current local batch size");
+        let plan_generation = gi(&mut r, m::PLAN_GENERATION, "Generation of the plan in use");
+        let plan_rejected = Family::<ReasonLabels, Counter>::default();
+        r.register(
+            counter_name(m::PLAN_REJECTED_TOTAL),
+            "Proposed plans refused as invalid, by reason",
+            plan_rejected.clone(),
+        );
+        let step = gi(&mut r, m::STEP, "Current global step");
+        let epoch = gi(&mut r, m::EPOCH, "Current epoch");
+        let loss = g(
+            &mut r,
+            m::LOSS,
+            "Training loss of the last step (this rank's slice)",
+        );
+        let eval_accuracy = g(
+            &mut r,
+            m::EVAL_ACCURACY_RATIO,
+            "Held-out accuracy at the last evaluation",
+        );
+        let eval_loss = g(&mut r, m::EVAL_LOSS, "Held-out loss at the last evaluation");
+        let finished = gi(&mut r, m::FINISHED, "1 when training finished on this rank");
+        let profile_flops = g(
+            &mut r,
+            m::PROFILE_MATMUL_FLOPS,
+            "Matmul throughput measured by the profile, FLOP/s",
+        );
+        let profile_bandwidth = g(
+            &mut r,
+            m::PROFILE_MEMORY_BANDWIDTH,
+            "Memory copy bandwidth measured by the profile, bytes/s",
+        );
+        let profile_step = Family::<BatchLabels, FloatGauge>::default();
+        r.register(
+            m::PROFILE_STEP_SECONDS,
+            "Forward+backward seconds at a probe batch size",
+            profile_step.clone(),
+        );
+        let profile_fixed = g(
+            &mut r,
+            m::PROFILE_FIXED_SECONDS,
+            "Fitted fixed cost a of t(b) = a + c*b, seconds",
+        );
+        let profile_per_sample = g(
+            &mut r,
+            m::PROFILE_PER_SAMPLE_SECONDS,
+            "Fitted per-sample cost c of t(b) = a + c*b, seconds",
+        );
+        let profile_max_batch = gi(
+            &mut r,
+            m::PROFILE_MAX_BATCH_SIZE,
+            "Largest local batch that fits in memory",
+        );
+        let device_info = Family::<DeviceLabels, Gauge>::default();
+        r.register(
+            m::DEVICE_INFO,
+            "The device this rank trains on (value 1)",
+            device_info.clone(),
+        );
+        let process_cpu = FloatCounter::default();
+        r.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            process_cpu.clone(),
+        );
+        let process_rss = gi(
+            &mut r,
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+        );
+        let gpu = gpu.map(|gpu| GpuGauges {
+            gpu,
+            utilization: g(
+                &mut r,
+                m::GPU_UTILIZATION_RATIO,
+                "GPU utilisation (NVML), 0..1",
+            ),
+            memory_used: gi(&mut r, m::GPU_MEMORY_USED_BYTES, "GPU memory used (NVML)"),
+            memory_total: gi(&mut r, m::GPU_MEMORY_TOTAL_BYTES, "GPU memory total (NVML)"),
+            temperature: g(&mut r, m::GPU_TEMPERATURE_CELSIUS, "GPU temperature (NVML)"),
+            power: g(&mut r, m::GPU_POWER_WATTS, "GPU power draw (NVML)"),
+            sm_clock: g(&mut r, m::GPU_SM_CLOCK_HERTZ, "GPU SM clock (NVML)"),
+        });
+        TrainerMetrics {
+            registry: r,
+            phase_seconds,
+            step_seconds,
+            samples,
+            steps,
+            compute_seconds,
+            compute_per_sample,
+            last_step_compute,
+            local_batch,
+            plan_generation,
+            plan_rejected,
+            step,
+            epoch,
+            loss,
+            eval_accuracy,
+            eval_loss,
+            finished,
+            profile_flops,
+            profile_bandwidth,
+            profile_step,
+            profile_fixed,
+            profile_per_sample,
+            profile_max_batch,
+            device_info,
+            process_cpu,
+            process_rss,
+            cpu_seen: Mutex::new(0.0),
+            gpu,
+            ema: Mutex::new(None),
+        }
+    }
+
+    /// One finished step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_step(
+        &self,
+        step: u64,
+        epoch: u64,
+        local_batch: u32,
+        tm: &StepTimings,
+        step_seconds: f64,
+        loss: f64,
+    ) {
+        for (phase, s) in [
+            ("data", tm.data_seconds),
+            ("forward", tm.forward_seconds),
+            ("backward", tm.backward_seconds),
+            ("allreduce", tm.allreduce_seconds),
+            ("optimizer", tm.optimizer_seconds),
+        ] {
+            if s.is_finite() && s >= 0.0 {
+                self.phase_seconds
+                    .get_or_create(&PhaseLabels { phase })
+                    .inc_by(s);
+            }
+        }
+        self.step_seconds.observe(step_seconds);
+        self.samples.inc_by(u64::from(local_batch));
+        self.steps.inc();
+        let compute = tm.compute_seconds();
+        self.compute_seconds.inc_by(compute.max(0.0));
+        self.last_step_compute.set(compute);
+        if local_batch > 0 {
+            let per = compute / f64::from(local_batch);
+            if let Ok(mut ema) = self.ema.lock() {
+                let v = ema.map_or(per, |e| 0.8 * e + 0.2 * per);
+                *ema = Some(v);
+                self.compute_per_sample.set(v);
+            }
+        }
+        self.local_batch.set(i64::from(local_batch));
+        self.step.set(step as i64);
+        self.epoch.set(epoch as i64);
+        if loss.is_finite() {
+            self.loss.set(loss);
+        }
+    }
+
+    /// The plan in use.
+    pub fn set_plan(&self, generation: u64, local_batch: u32) {
+        self.plan_generation.set(generation as i64);
+        self.local_batch.set(i64::from(local_batch));
+    }
+
+    /// Where training stands before the first step (after a resume).
+    pub fn set_position(&self, step: u64, epoch: u64) {
+        self.step.set(step as i64);
+        self.epoch.set(epoch as i64);
+    }
+
+    /// A refused plan, with a short stable reason.
+    pub fn plan_rejected(&self, reason: &str) {
+        self.plan_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_eval(&self, accuracy: f64, loss: f64) {
+        self.eval_accuracy.set(accuracy);
+        self.eval_loss.set(loss);
+    }
+
+    pub fn set_finished(&self) {
+        self.finished.set(1);
+    }
+
+    /// Device info (value 1); called once.
+    pub fn set_device(&self, d: &heterotrain_crds::DeviceInfo) {
+        self.device_info
+            .get_or_create(&DeviceLabels {
+                kind: d.kind.to_string(),
+                name: d.name.clone(),
+                threads: d.threads.to_string(),
+                compute_capability: d.compute_capability.clone().unwrap_or_default(),
+                driver_version: d.driver_version.clone().unwrap_or_default(),
+            })
+            .set(1);
+    }
+
+    /// Export a finished profile.
+    pub fn set_profile(&self, p: &HardwareProfile) {
+        self.set_device(&p.device);
+        self.profile_flops.set(p.matmul_flops);
+        self.profile_bandwidth
+            .set(p.memory_bandwidth_bytes_per_second);
+        for pt in &p.points {
+            self.profile_step
+                .get_or_create(&BatchLabels {
+                    batch_size: pt.batch_size.to_string(),
+                })
+                .set(pt.seconds);
+        }
+        self.profile_fixed.set(p.fixed_seconds);
+        self.profile_per_sample.set(p.per_sample_seconds);
+        self.profile_max_batch.set(i64::from(p.max_batch_size));
+    }
+
+    /// Refresh the process and GPU series (called at each scrape).
+    pub fn refresh(&self) {
+        if let Some(cpu) = process_cpu_seconds() {
+            if let Ok(mut seen) = self.cpu_seen.lock() {
+                if cpu > *seen {
+                    self.process_cpu.inc_by(cpu - *seen);
+                    *seen = cpu;
+                }
+            }
+        }
+        if let Some(rss) = process_rss_bytes() {
+            self.process_rss.set(rss as i64);
+        }
+        if let Some(g) = &self.gpu {
+            let s = g.gpu.sample();
+            if let Some(v) = s.utilization_ratio {
+                g.utilization.set(v);
+            }
+            if let Some((used, total)) = s.memory_used_total {
+                g.memory_used.set(used as i64);
+                g.memory_total.set(total as i64);
+            }
+            if let Some(v) = s.temperature_celsius {
+                g.temperature.set(v);
+            }
+            if let Some(v) = s.power_watts {
+                g.power.set(v);
+            }
+            if let Some(v) = s.sm_clock_hertz {
+                g.sm_clock.set(v);
+            }
+        }
+    }
+
+    /// The exposition in the Prometheus text format 0.0.4 (what
+    /// `promtool check metrics` lints), after a refresh.
+    pub fn encode(&self) -> String {
+        self.refresh();
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        openmetrics_to_text(&out)
+    }
+}
+
+/// Turn prometheus-client's OpenMetrics text into the classic text format:
+/// counters' HELP/TYPE name gets its `_total` (as the samples have), and
+/// the OpenMetrics-only `# UNIT` / `# EOF` lines go.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// User+system CPU seconds of this process (`/proc/self/stat`).
+fn process_cpu_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime, stime are 14, 15.
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) / ticks as f64)
+}
+
+/// Resident set size of this process (`/proc/self/statm`).
+pub fn process_rss_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(4096) as u64)
+}
+
+/// Serve `/metrics` (and `/healthz`) on `addr:port` from a background
+/// thread. Returns the bound address; a bind failure is returned (the
+/// caller warns and trains on without an endpoint).
+pub fn serve(
+    metrics: Arc<TrainerMetrics>,
+    addr: &str,
+    port: u16,
+) -> std::io::Result<std::net::SocketAddr> {
+    let host = if addr.contains(':') && !addr.starts_with('[') {
+        format!("[{addr}]")
+    } else {
+        addr.to_string()
+    };
+    let listener = TcpListener::bind(format!("{host}:{port}"))?;
+    let local = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(stream) => {
+                        let _ = answer(stream, &metrics);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        })?;
+    Ok(local)
+}
+
+/// Answer one HTTP/1.x request and close the connection.
+fn answer(mut s: TcpStream, metrics: &TrainerMetrics) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.encode(),
+        ),
+        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
+        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        ),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
+    s.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_operator_names_with_values() {
+        let mx = TrainerMetrics::new(None);
+        let tm = StepTimings {
+            data_seconds: 0.01,
+            forward_seconds: 0.02,
+            backward_seconds: 0.03,
+            allreduce_seconds: 0.04,
+            optimizer_seconds: 0.005,
+        };
+        mx.observe_step(3, 0, 16, &tm, 0.11, 1.5);
+        mx.set_plan(2, 16);
+        let text = mx.encode();
+        assert!(text.contains("heterotrain_steps_total 1\n"), "{text}");
+        assert!(text.contains("# TYPE heterotrain_steps_total counter\n"));
+        assert!(!text.contains("# EOF"));
+        assert!(text.contains("heterotrain_samples_total 16\n"));
+        assert!(text.contains("heterotrain_local_batch_size 16\n"));
+        assert!(text.contains("heterotrain_plan_generation 2\n"));
+        assert!(text.contains("heterotrain_phase_seconds_total{phase=\"allreduce\"} 0.04"));
+        assert!(text.contains("heterotrain_compute_seconds_total 0.065"));
+        // No GPU: no GPU series at all.
+        assert!(!text.contains("heterotrain_gpu_"));
+        assert!(process_rss_bytes().unwrap_or(0) > 1 << 20);
+        assert!(process_cpu_seconds().is_some_and(|c| c >= 0.0));
+    }
+}

@@ -1,0 +1,287 @@
+//! The hardware profile (DESIGN.md step 3): device facts, matmul FLOP/s,
+//! memory bandwidth, forward+backward seconds of the configured model at the
+//! probe batch sizes with the fitted t(b) = a + c·b, and the largest local
+//! batch that fits. Printed by `heterotrain-trainer profile`, exported as
+//! gauges at `train` start.
+
+use std::time::Instant;
+
+use heterotrain_crds::{DeviceInfo, DeviceKind, HardwareProfile, ProfilePoint};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::cli::TrainConfig;
+use crate::data::Dataset;
+use crate::error::Result;
+use crate::models;
+use crate::nvml::Gpu;
+
+/// Headroom kept free when sizing the largest batch (fraction of memory).
+const MEMORY_USE: f64 = 0.8;
+/// Largest batch ever reported.
+const MAX_BATCH_CAP: u64 = 1 << 20;
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// Repeat `f` (after one warm-up call) until `budget` seconds pass, at
+/// least `min_reps` times; returns (repetitions, seconds).
+fn timed(device: Device, budget: f64, min_reps: u32, mut f: impl FnMut()) -> (u32, f64) {
+    f();
+    sync(device);
+    let start = Instant::now();
+    let mut reps = 0u32;
+    loop {
+        f();
+        reps += 1;
+        sync(device);
+        let el = start.elapsed().as_secs_f64();
+        if reps >= min_reps && el >= budget {
+            return (reps, el);
+        }
+        if reps >= 10_000 {
+            return (reps, el);
+        }
+    }
+}
+
+/// Dense float32 matmul throughput, FLOP/s.
+pub fn matmul_flops(device: Device, budget: f64) -> f64 {
+    let n: i64 = if device.is_cuda() { 4096 } else { 256 };
+    let _g = tch::no_grad_guard();
+    let a = Tensor::randn([n, n], (Kind::Float, device));
+    let b = Tensor::randn([n, n], (Kind::Float, device));
+    let (reps, secs) = timed(device, budget, 3, || {
+        let _ = a.matmul(&b);
+    });
+    2.0 * (n as f64).powi(3) * f64::from(reps) / secs.max(1e-9)
+}
+
+/// Memory copy bandwidth (read + write), bytes/s.
+pub fn memory_bandwidth(device: Device, budget: f64) -> f64 {
+    let elems: i64 = if device.is_cuda() { 64 << 20 } else { 8 << 20 };
+    let _g = tch::no_grad_guard();
+    let src = Tensor::ones([elems], (Kind::Float, device));
+    let mut dst = Tensor::zeros([elems], (Kind::Float, device));
+    let (reps, secs) = timed(device, budget, 3, || {
+        dst.copy_(&src);
+    });
+    2.0 * 4.0 * elems as f64 * f64::from(reps) / secs.max(1e-9)
+}
+
+/// Bytes allocated on the C heap right now (glibc: libtorch's CPU
+/// allocator sits on malloc), falling back to the resident set size.
+fn heap_in_use() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let mi = unsafe { libc::mallinfo2() };
+        let used = (mi.uordblks as u64).saturating_add(mi.hblkhd as u64);
+        if used > 0 {
+            return used;
+        }
+    }
+    crate::metrics::process_rss_bytes().unwrap_or(0)
+}
+
+/// `MemAvailable` from /proc/meminfo, bounded by a cgroup memory limit.
+fn available_ram() -> u64 {
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(4 << 30, |kib| kib * 1024);
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .filter_map(|t| t.trim().parse::<u64>().ok())
+    .min()
+    .unwrap_or(u64::MAX);
+    let used = crate::metrics::process_rss_bytes().unwrap_or(0);
+    mem.min(limit.saturating_sub(used))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Static facts about `device` (`gpu`: its NVML handle, if any).
+pub fn device_info(device: Device, gpu: Option<&Gpu>) -> DeviceInfo {
+    match device {
+        Device::Cuda(i) => {
+            let info = gpu.map(Gpu::info).unwrap_or_default();
+            DeviceInfo {
+                kind: DeviceKind::Cuda,
+                name: info.name.unwrap_or_else(|| format!("cuda:{i}")),
+                threads: tch::get_num_threads().max(1) as u32,
+                memory_bytes: info.memory_total.unwrap_or(0),
+                compute_capability: info.compute_capability,
+                driver_version: info.driver_version,
+            }
+        }
+        _ => DeviceInfo {
+            kind: DeviceKind::Cpu,
+            name: cpu_model(),
+            threads: tch::get_num_threads().max(1) as u32,
+            memory_bytes: available_ram(),
+            compute_capability: None,
+            driver_version: None,
+        },
+    }
+}
+
+/// A label for the model and its size knobs.
+pub fn model_label(cfg: &TrainConfig) -> String {
+    let name = serde_json::to_value(cfg.model)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    format!(
+        "{name}(hidden={},layers={},heads={},context={},vocab={})",
+        cfg.hidden, cfg.layers, cfg.heads, cfg.context, cfg.vocab
+    )
+}
+
+/// Fit t(b) = a + c·b by least squares (the balancer's fit), falling back
+/// to a pure per-sample cost when the fit is degenerate.
+fn fit(points: &[(u32, f64)]) -> (f64, f64) {
+    if let Some(m) = heterotrain_balancer::fit_profile(points) {
+        if m.per_sample_seconds > 0.0 {
+            return (m.fixed_seconds, m.per_sample_seconds);
+        }
+    }
+    let c = points
+        .iter()
+        .map(|(b, t)| t / f64::from((*b).max(1)))
+        .fold(0.0, f64::max);
+    (0.0, c.max(1e-9))
+}
+
+/// Measure the profile of `cfg`'s model on `device` with data like `data`.
+pub fn measure(
+    cfg: &TrainConfig,
+    device: Device,
+    data: &Dataset,
+    gpu: Option<&Gpu>,
+) -> Result<HardwareProfile> {
+    let budget = cfg.profile_seconds;
+    let mut sizes = cfg.profile_batch_sizes.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let info = device_info(device, gpu);
+    let matmul = matmul_flops(device, budget * 0.1);
+    let bandwidth = memory_bandwidth(device, budget * 0.1);
+
+    // A private copy of the model: the run's weights stay untouched.
+    let vs = VarStore::new(device);
+    let model = models::build(&vs.root(), cfg, &data.shape)?;
+    let params: Vec<Tensor> = vs.trainable_variables();
+    let param_bytes: u64 = params
+        .iter()
+        .map(|p| p.numel() as u64 * p.kind().elt_size_in_bytes() as u64)
+        .sum();
+    let n = data.train_len().max(1);
+    let per_probe = budget * 0.8 / sizes.len().max(1) as f64;
+    let mut points = Vec::with_capacity(sizes.len());
+    // Memory in use right after the forward pass (activations held for the
+    // backward): RSS on CPU, NVML's device memory on GPUs.
+    let mut mem_at: Vec<(u32, u64)> = Vec::new();
+    for &b in &sizes {
+        let idx: Vec<usize> = (0..b as usize).map(|i| i % n).collect();
+        let (x, y) = data.train_batch(&idx, device);
+        let mut peak = 0u64;
+        let (reps, secs) = timed(device, per_probe, 2, || {
+            for p in &params {
+                let mut p = p.shallow_clone();
+                p.zero_grad();
+            }
+            let logits = model.forward(&x, true);
+            let loss = model.loss(&logits, &y);
+            let now = match (device, gpu) {
+                (Device::Cuda(_), Some(g)) => g.memory_used().unwrap_or(0),
+                (Device::Cuda(_), None) => 0,
+                _ => heap_in_use(),
+            };
+            peak = peak.max(now);
+            loss.backward();
+        });
+        points.push((b, secs / f64::from(reps.max(1))));
+        mem_at.push((b, peak));
+    }
+    let (a, c) = fit(&points);
+    let max_batch = max_batch(device, &info, &mem_at, param_bytes, &sizes);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    Ok(HardwareProfile {
+        rank: cfg.rank as u32,
+        hostname,
+        device: info,
+        matmul_flops: matmul,
+        memory_bandwidth_bytes_per_second: bandwidth,
+        model: model_label(cfg),
+        points: points
+            .iter()
+            .map(|&(batch_size, seconds)| ProfilePoint {
+                batch_size,
+                seconds,
+            })
+            .collect(),
+        fixed_seconds: a,
+        per_sample_seconds: c,
+        max_batch_size: max_batch,
+    })
+}
+
+/// Largest local batch that fits: memory per sample from the growth of
+/// memory in use between the smallest and largest probe, against the
+/// available memory with headroom; never below the largest probe (it ran).
+fn max_batch(
+    device: Device,
+    info: &DeviceInfo,
+    mem_at: &[(u32, u64)],
+    param_bytes: u64,
+    sizes: &[u32],
+) -> u32 {
+    let largest = sizes.iter().copied().max().unwrap_or(1);
+    let (Some(&(b0, m0)), Some(&(b1, m1))) = (mem_at.first(), mem_at.last()) else {
+        return largest;
+    };
+    if m1 == 0 {
+        // A GPU without NVML: nothing to measure against.
+        return largest;
+    }
+    // At least the optimizer's copies of the weights must stay free.
+    let per_sample = if b1 > b0 && m1 > m0 {
+        (m1 - m0) as f64 / f64::from(b1 - b0)
+    } else {
+        // Growth hidden by the allocator: assume the whole use is per sample.
+        m1 as f64 / f64::from(b1.max(1)) * 0.25
+    }
+    .max(1024.0);
+    let free = match device {
+        Device::Cuda(_) => (info.memory_bytes as f64 * MEMORY_USE - m1 as f64).max(0.0),
+        _ => (info.memory_bytes as f64 * MEMORY_USE - 2.0 * param_bytes as f64).max(0.0),
+    };
+    let extra = (free / per_sample) as u64;
+    let fit = (u64::from(b1) + extra).min(MAX_BATCH_CAP);
+    (fit as u32).max(largest)
+}

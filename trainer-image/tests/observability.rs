@@ -1,0 +1,335 @@
+//! Observability and control with real processes and real c10d: the
+//! profile subcommand, the live `/metrics` exposition (promtool, moving
+//! phase counters, the names the operator reads), and bare-metal balancing
+//! with one CPU-throttled rank.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use heterotrain_crds::metrics as m;
+use heterotrain_crds::HardwareProfile;
+
+/// GET `http://addr/path`, the body.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// `name{labels} value` lines → (name + labels) → value.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn profile_subcommand_prints_sane_json() {
+    let out = Command::new(BIN)
+        .args([
+            "profile",
+            "--model",
+            "mlp",
+            "--threads",
+            "1",
+            "--profile-batch-sizes",
+            "8,16,64",
+            "--profile-seconds",
+            "2",
+        ])
+        .output()
+        .expect("run profile");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let p = HardwareProfile::parse(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    eprintln!(
+        "profile: {} flops {:.3e} bandwidth {:.3e} B/s a {:.6} s c {:.3e} s max batch {} points {:?}",
+        p.device.name,
+        p.matmul_flops,
+        p.memory_bandwidth_bytes_per_second,
+        p.fixed_seconds,
+        p.per_sample_seconds,
+        p.max_batch_size,
+        p.points
+    );
+    assert!(p.matmul_flops > 1e8, "{}", p.matmul_flops);
+    assert!(p.memory_bandwidth_bytes_per_second > 1e8);
+    assert!(p.per_sample_seconds > 0.0 && p.fixed_seconds >= 0.0);
+    assert_eq!(
+        p.points.iter().map(|x| x.batch_size).collect::<Vec<_>>(),
+        vec![8, 16, 64]
+    );
+    assert!(p.points.iter().all(|x| x.seconds > 0.0));
+    assert!(p.max_batch_size >= 64);
+    assert_eq!(p.device.threads, 1);
+    assert!(p.device.memory_bytes > 0);
+}
+
+#[test]
+fn live_metrics_pass_promtool_and_phase_counters_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let master = free_port();
+    // Rank 1 on its own loopback IP, same metrics port: as pods.
+    let children: Vec<_> = (0..2)
+        .map(|r| {
+            let mut c = rank_cmd(
+                r,
+                2,
+                master,
+                &args(&[
+                    "--model",
+                    "mlp",
+                    "--threads",
+                    "1",
+                    "--batch-size",
+                    "32",
+                    "--synthetic-samples",
+                    "20000",
+                    "--max-steps",
+                    "150",
+                    "--step-sleep-ms",
+                    "20",
+                    "--profile-seconds",
+                    "1",
+                    "--profile-batch-sizes",
+                    "4,16",
+                    "--metrics-port",
+                    &port.to_string(),
+                    "--output-dir",
+                    &dir.path().display().to_string(),
+                ]),
+            );
+            c.env("POD_IP", format!("127.0.0.{}", 21 + r));
+            c.spawn().expect("spawn")
+        })
+        .collect();
+    let addr = format!("127.0.0.22:{port}");
+    // Wait until rank 1 trains, then scrape twice.
+    assert!(
+        wait_until(Duration::from_secs(120), || last_step(dir.path(), 1) >= 5),
+        "no steps"
+    );
+    let first = http_get(&addr, "/metrics").expect("scrape 1");
+    std::thread::sleep(Duration::from_millis(800));
+    let second = http_get(&addr, "/metrics").expect("scrape 2");
+    let outs = wait_all(children, Duration::from_secs(180));
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {r}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    let lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(second.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run promtool (make setup installs it)");
+    assert!(
+        lint.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    let (a, b) = (samples(&first), samples(&second));
+    for phase in m::PHASES {
+        let k = format!("{}{{phase=\"{phase}\"}}", m::PHASE_SECONDS_TOTAL);
+        let (x, y) = (a[&k], b[&k]);
+        assert!(y > x, "{k} did not move: {x} -> {y}");
+    }
+    let steps = (a[m::STEPS_TOTAL], b[m::STEPS_TOTAL]);
+    assert!(steps.1 > steps.0 && steps.0 >= 5.0, "{steps:?}");
+    assert!(
+        b[m::SAMPLES_TOTAL] == 16.0 * b[m::STEPS_TOTAL],
+        "equal split of 32"
+    );
+    assert_eq!(b[m::LOCAL_BATCH_SIZE], 16.0);
+    assert_eq!(b[m::PLAN_GENERATION], 0.0);
+    assert!(b[m::COMPUTE_SECONDS_TOTAL] > 0.0);
+    assert!(b[m::COMPUTE_SECONDS_PER_SAMPLE] > 0.0);
+    assert!(b[m::LAST_STEP_COMPUTE_SECONDS] > 0.0);
+    assert_eq!(b[m::STEP], b[m::STEPS_TOTAL]);
+    assert!(b[&format!("{}{{batch_size=\"16\"}}", m::PROFILE_STEP_SECONDS)] > 0.0);
+    assert!(b[m::PROFILE_MAX_BATCH_SIZE] >= 16.0);
+    assert!(b[m::PROFILE_MATMUL_FLOPS] > 0.0);
+    assert!(b[m::PROFILE_PER_SAMPLE_SECONDS] > 0.0);
+    assert!(b["process_resident_memory_bytes"] > 1e6);
+    assert!(b
+        .keys()
+        .any(|k| k.starts_with(m::DEVICE_INFO) && k.contains("kind=\"cpu\"")));
+    // No GPU here: no GPU series.
+    assert!(!second.contains("heterotrain_gpu_"));
+    let hist = format!("{}_count", m::STEP_SECONDS);
+    assert_eq!(b[&hist], b[m::STEPS_TOTAL]);
+}
+
+/// Mean compute seconds per sample of a rank over steps `lo..=hi`.
+fn per_sample(steps: &[&serde_json::Value], lo: u64, hi: u64) -> f64 {
+    let sel: Vec<f64> = steps
+        .iter()
+        .filter(|s| (lo..=hi).contains(&s["step"].as_u64().unwrap_or(0)))
+        .map(|s| {
+            s["compute_seconds"].as_f64().unwrap_or(0.0) / s["batch_size"].as_f64().unwrap_or(1.0)
+        })
+        .collect();
+    sel.iter().sum::<f64>() / sel.len().max(1) as f64
+}
+
+#[test]
+fn local_balancer_moves_samples_to_the_faster_rank() {
+    use heterotrain_e2e::nodesim::cgroup;
+    let dir = tempfile::tempdir().unwrap();
+    let every = 10u64;
+    let a = args(&[
+        "--model",
+        "mlp",
+        "--hidden",
+        "512",
+        "--threads",
+        "1",
+        "--batch-size",
+        "128",
+        "--synthetic-samples",
+        "8192",
+        "--max-steps",
+        "50",
+        "--balancer",
+        "local",
+        "--policy",
+        "dynamic",
+        "--balance-every",
+        &every.to_string(),
+        "--status-every",
+        "10",
+        "--no-profile",
+        "--metrics-port",
+        "0",
+        "--output-dir",
+        &dir.path().display().to_string(),
+    ]);
+    let version = cgroup::detect();
+    let slow = cgroup::Cgroup::create(
+        version,
+        "trainer-tests",
+        &format!("slow-{}", std::process::id()),
+        0.3,
+    )
+    .expect("create cgroup")
+    .expect("this test needs a writable cgroup CPU controller (root)");
+    // A 10 ms period: throttling spread evenly over steps of a few ms
+    // instead of 70 ms stalls every 100 ms.
+    let cg = slow.dir();
+    let fine = if cg.join("cpu.cfs_quota_us").exists() {
+        std::fs::write(cg.join("cpu.cfs_quota_us"), "3000")
+            .and_then(|_| std::fs::write(cg.join("cpu.cfs_period_us"), "10000"))
+    } else {
+        std::fs::write(cg.join("cpu.max"), "3000 10000")
+    };
+    fine.expect("set a 10 ms CFS period");
+    let master = free_port();
+    let children: Vec<_> = (0..2)
+        .map(|r| {
+            let mut c = rank_cmd(r, 2, master, &a);
+            if r == 1 {
+                let procs = slow.procs_cstr().clone();
+                // SAFETY: join_from_child is async-signal-safe.
+                unsafe {
+                    c.pre_exec(move || cgroup::join_from_child(&procs));
+                }
+            }
+            c.spawn().expect("spawn")
+        })
+        .collect();
+    let outs = wait_all(children, Duration::from_secs(240));
+    slow.remove();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {r}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let status: Vec<String> = String::from_utf8_lossy(&outs[0].stderr)
+        .lines()
+        .filter(|l| l.starts_with("status:"))
+        .map(str::to_string)
+        .collect();
+    eprintln!("{}", status.join("\n"));
+    assert_eq!(status.len(), 5, "one status line every 10 of 50 steps");
+
+    let r0 = log_records(dir.path(), 0);
+    let r1 = log_records(dir.path(), 1);
+    let (s0, s1) = (steps(&r0), steps(&r1));
+    assert_eq!(s0.len(), 50);
+    assert_eq!(s1.len(), 50);
+    // Same plan generation (and a consistent split) on every step.
+    for (a, b) in s0.iter().zip(&s1) {
+        assert_eq!(a["step"], b["step"]);
+        assert_eq!(a["generation"], b["generation"], "step {}", a["step"]);
+        let sum = a["batch_size"].as_u64().unwrap_or(0) + b["batch_size"].as_u64().unwrap_or(0);
+        assert_eq!(sum, 128, "step {}", a["step"]);
+    }
+    // The throttled rank really is slower per sample before any switch.
+    let (p0, p1) = (per_sample(&s0, 2, every), per_sample(&s1, 2, every));
+    eprintln!("per-sample compute before balancing: rank 0 {p0:.2e} s, rank 1 {p1:.2e} s");
+    assert!(p1 > 1.5 * p0, "rank 1 is not slower: {p0} vs {p1}");
+    // Within 3 intervals the fast rank holds more samples.
+    let by = (3 * every + 1) as usize;
+    let b0 = s0[by - 1]["batch_size"].as_u64().unwrap_or(0);
+    let b1 = s1[by - 1]["batch_size"].as_u64().unwrap_or(0);
+    let gen = s0[by - 1]["generation"].as_u64().unwrap_or(0);
+    eprintln!("step {by}: generation {gen}, batches [{b0}, {b1}]");
+    assert!(
+        gen >= 1 && b0 > b1 + 16,
+        "no shift to the fast rank by step {by}: [{b0}, {b1}]"
+    );
+    // And the step got faster than the equal split's.
+    let wall = |lo: usize, hi: usize| {
+        s0[lo..hi]
+            .iter()
+            .map(|s| s["step_seconds"].as_f64().unwrap_or(0.0))
+            .sum::<f64>()
+            / (hi - lo) as f64
+    };
+    let (before, after) = (wall(1, every as usize), wall(40, 50));
+    eprintln!("mean step seconds: equal split {before:.4}, balanced {after:.4}");
+    assert!(
+        after < before,
+        "balanced steps are not faster: {before} -> {after}"
+    );
+}
