@@ -78,10 +78,11 @@ fn normalized(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
     let mut rules: Vec<PolicyRule> = rules
         .into_iter()
         .map(|mut r| {
-            for v in [&mut r.api_groups, &mut r.resources, &mut r.resource_names] {
-                if let Some(v) = v {
-                    v.sort();
-                }
+            for v in [&mut r.api_groups, &mut r.resources, &mut r.resource_names]
+                .into_iter()
+                .flatten()
+            {
+                v.sort();
             }
             r.verbs.sort();
             r
@@ -240,7 +241,7 @@ fn defaults_render_operator_trainer_identity_and_dashboard() {
     // The dashboard ConfigMap for Grafana's sidecar holds the chart's dashboard.
     let cm = all(&docs, "ConfigMap")
         .into_iter()
-        .find(|c| c["metadata"]["labels"]["grafana_dashboard"] == Value::from("1"))
+        .find(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1")
         .expect("dashboard ConfigMap labelled grafana_dashboard: \"1\"");
     let on_disk = std::fs::read_to_string(chart_dir().join("dashboards/heterotrain.json")).unwrap();
     let rendered = cm["data"]["heterotrain.json"]
@@ -381,10 +382,7 @@ fn several_watched_namespaces_each_get_the_trainer_identity() {
     let nps = all(&docs, "NetworkPolicy");
     let trainer_nps: BTreeSet<&str> = nps
         .iter()
-        .filter(|n| {
-            n["spec"]["podSelector"]["matchLabels"][labels::MANAGED_BY]
-                == Value::from(labels::MANAGER)
-        })
+        .filter(|n| n["spec"]["podSelector"]["matchLabels"][labels::MANAGED_BY] == labels::MANAGER)
         .map(|n| namespace(n))
         .collect();
     assert_eq!(trainer_nps, BTreeSet::from(["team-a", "team-b"]));

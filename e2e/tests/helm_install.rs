@@ -6,23 +6,23 @@
 //! that use the chart's trainer ServiceAccount. `helm uninstall` then leaves
 //! nothing behind but the CRD.
 //!
-//! Needs `target/<profile>/heterotrain-operator` (`cargo build -p heterotrain-operator`).
+//! Needs `target/<profile>/heterotrain-operator` and, for the training test,
+//! `heterotrain-trainer` (`cargo build -p heterotrain-operator -p heterotrain-trainer`).
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
 use heterotrain_e2e::{ClusterOptions, LocalCluster};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{DynamicObject, GroupVersionKind};
-use kube::discovery::ApiResource;
+use kube::core::DynamicObject;
 use kube::Client;
 use serde_json::json;
 use support::*;
@@ -31,71 +31,18 @@ const RELEASE: &str = "ht";
 const SYSTEM_NS: &str = "heterotrain-system";
 const JOBS_NS: &str = "ml";
 
-fn jobs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("heterotrain.dev", "v1alpha1", "HeteroTrainingJob");
-    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
-}
+/// One test at a time: two node simulators in one process hand out the same
+/// loopback pod IPs (the prefix comes from the process id), so their pods'
+/// ports would collide.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-async fn create_namespace(client: &Client, ns: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-    )
-    .await
-    .expect("create namespace");
-}
-
-/// Everything an operator pod, the jobs and helm could leave behind, for
-/// failure messages.
 async fn dump(client: &Client, sim: &NodeSimulator) -> String {
-    let mut out = String::new();
-    for ns in [SYSTEM_NS, JOBS_NS] {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        for p in pods
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let name = p.metadata.name.clone().unwrap_or_default();
-            out.push_str(&format!(
-                "pod {ns}/{name}: node={:?} status={:?}\n",
-                p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                p.status.as_ref().map(|s| (&s.phase, &s.reason, &s.message))
-            ));
-            let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
-                sim.state_dir(),
-                ns,
-                &name,
-            ))
-            .unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            for l in tail.into_iter().rev() {
-                out.push_str(&format!("  | {l}\n"));
-            }
-        }
-    }
-    out
+    dump_namespaces(client, sim, &[SYSTEM_NS, JOBS_NS]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cleanly() {
+    let _serial = SERIAL.lock().await;
     let cluster = LocalCluster::start(ClusterOptions {
         name: "helm-install".into(),
         ..Default::default()
@@ -325,7 +272,10 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         }
     })
     .await;
-    assert!(metrics.contains("heterotrain_operator_leader 1"), "{metrics}");
+    assert!(
+        metrics.contains("heterotrain_operator_leader 1"),
+        "{metrics}"
+    );
     // (`promtool check metrics` on this exposition: tests/exposition.rs.)
 
     // Ranks exit 0 (reported as a kubelet would): the job Succeeds.
@@ -477,6 +427,126 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         .unwrap()
         .is_some());
 
+    sim.stop().await;
+    cluster.stop();
+}
+
+/// Real trainers (`target/<profile>/heterotrain-trainer`) under the chart's
+/// trainer ServiceAccount, balanced by the chart's operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installed_operator_trains_a_job_to_succeeded() {
+    let _serial = SERIAL.lock().await;
+    let cluster = LocalCluster::start(ClusterOptions {
+        name: "helm-train".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane (run `make setup`)");
+    let client = cluster.client().await.unwrap();
+    let nodes = NodesFile::parse(
+        "nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.5, cpu: '1'}\n",
+    )
+    .unwrap();
+    let sim = NodeSimulator::start(
+        client.clone(),
+        nodes,
+        cluster.state_dir(),
+        cluster.kubeconfig_renderer(),
+    )
+    .await
+    .expect("start node simulator");
+    create_namespace(&client, JOBS_NS).await;
+    let kubeconfig = cluster.kubeconfig_path();
+    let chart = chart_dir();
+    run_helm(&[
+        "install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        &format!("watchNamespaces={{{JOBS_NS}}}"),
+        "--set",
+        "operator.nodeSelector.kubernetes\\.io/hostname=ops",
+        "--set",
+        "operator.listenAddress=$(POD_IP)",
+        "--set",
+        "operator.scrapeIntervalSeconds=1",
+        "--set",
+        "operator.rebalanceIntervalSeconds=2",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let job = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": "trained"},
+        "spec": {
+            "workers": [
+                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
+                 "resources": {"limits": {"cpu": "1"}}},
+                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
+                 "resources": {"limits": {"cpu": "1"}}}
+            ],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image", "syntheticSamples": 2048},
+            "training": {"globalBatchSize": 32, "maxSteps": 60},
+            "loadBalancing": {"policy": "dynamic", "rebalanceIntervalSteps": 5}
+        }
+    });
+    let jobs = jobs_api(&client, JOBS_NS);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .expect("create job");
+    let done = tokio::time::timeout(Duration::from_secs(300), async {
+        loop {
+            if let Ok(Some(j)) = jobs.get_opt("trained").await {
+                match j.data["status"]["phase"].as_str() {
+                    Some("Succeeded") => return j.data["status"].clone(),
+                    Some("Failed") => return j.data["status"].clone(),
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    let status = match done {
+        Ok(s) => s,
+        Err(_) => panic!("job did not finish in 300 s\n{}", dump(&client, &sim).await),
+    };
+    assert_eq!(
+        status["phase"],
+        "Succeeded",
+        "{status}\n{}",
+        dump(&client, &sim).await
+    );
+    // status.step is the last step the operator read (it reads every second).
+    assert!(status["step"].as_u64().unwrap_or(0) > 0, "{status}");
+    assert!(
+        status["conditions"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["type"] == "Profiled" && c["status"] == "True")),
+        "the ranks reported their profiles: {status}"
+    );
+    run_helm(&[
+        "uninstall",
+        RELEASE,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+        "--wait",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
     sim.stop().await;
     cluster.stop();
 }

@@ -152,10 +152,11 @@ pub struct TrainConfig {
         env = "HT_BATCH_SIZE"
     )]
     pub batch_size: u32,
-    /// Epochs to train (an epoch = floor(N/B) steps).
-    #[arg(long, default_value_t = 1)]
-    pub epochs: u64,
-    /// Stop after this many steps in total (overrides --epochs when reached first).
+    /// Epochs to train (an epoch = floor(N/B) steps); default 1 unless
+    /// --max-steps is given, which then alone decides the length.
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Stop after this many steps in total (with --epochs too: whichever comes first).
     #[arg(long)]
     pub max_steps: Option<u64>,
     /// Peak learning rate.

@@ -269,10 +269,11 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         Some(p)
     };
     let spe = steps_per_epoch(data.train_len(), cfg.batch_size);
-    let total = cfg
-        .max_steps
-        .unwrap_or(u64::MAX)
-        .min(cfg.epochs.saturating_mul(spe));
+    let total = match (cfg.max_steps, cfg.epochs) {
+        (Some(steps), Some(epochs)) => steps.min(epochs.saturating_mul(spe)),
+        (Some(steps), None) => steps,
+        (None, epochs) => epochs.unwrap_or(1).saturating_mul(spe),
+    };
 
     tch::manual_seed(cfg.seed as i64);
     let vs = VarStore::new(device);

@@ -247,3 +247,146 @@ pub fn promtool_check_metrics(exposition: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The chart's Grafana dashboard.
+pub fn dashboard() -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("dashboards/heterotrain.json"))
+            .expect("dashboards/heterotrain.json"),
+    )
+    .expect("dashboard is JSON")
+}
+
+/// One panel's queries.
+pub struct PanelQueries {
+    pub title: String,
+    /// `heterotrainRequires`: "gpu" / "evaluation" for panels a CPU-only
+    /// short run cannot fill.
+    pub requires: Option<String>,
+    pub exprs: Vec<String>,
+}
+
+/// Every non-row panel (nested rows included) with its PromQL.
+pub fn dashboard_panels(d: &serde_json::Value) -> Vec<PanelQueries> {
+    fn walk(ps: &serde_json::Value, out: &mut Vec<PanelQueries>) {
+        for p in ps.as_array().into_iter().flatten() {
+            if p["type"] == "row" {
+                walk(&p["panels"], out);
+                continue;
+            }
+            out.push(PanelQueries {
+                title: p["title"].as_str().unwrap_or("").to_string(),
+                requires: p["heterotrainRequires"].as_str().map(str::to_string),
+                exprs: p["targets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t["expr"].as_str().map(str::to_string))
+                    .collect(),
+            });
+        }
+    }
+    let mut out = Vec::new();
+    walk(&d["panels"], &mut out);
+    out
+}
+
+/// Grafana's variables replaced the way Grafana would for one job.
+pub fn substitute(expr: &str, namespace: &str, job: &str, rate_interval: &str) -> String {
+    expr.replace("$__rate_interval", rate_interval)
+        .replace("${namespace}", namespace)
+        .replace("$namespace", namespace)
+        .replace("${job}", job)
+        .replace("$job", job)
+}
+
+/// A Grafana `label_values(expr, label)` variable query as PromQL
+/// (`group by (label) (expr)`), with the label it yields.
+pub fn label_values_query(q: &str) -> Option<(String, String)> {
+    let inner = q.trim().strip_prefix("label_values(")?.strip_suffix(')')?;
+    let (expr, label) = inner.rsplit_once(',')?;
+    let label = label.trim().to_string();
+    Some((format!("group by ({label}) ({})", expr.trim()), label))
+}
+
+#[allow(unused_imports)]
+pub use cluster::*;
+
+/// Helpers for tests against the local control plane.
+pub mod cluster {
+    use std::time::{Duration, Instant};
+
+    use heterotrain_e2e::nodesim::NodeSimulator;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::{Api, ListParams, PostParams};
+    use kube::core::{DynamicObject, GroupVersionKind};
+    use kube::discovery::ApiResource;
+    use kube::Client;
+    use serde_json::json;
+
+    pub fn jobs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("heterotrain.dev", "v1alpha1", "HeteroTrainingJob");
+        Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+    }
+
+    pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    pub async fn create_namespace(client: &Client, ns: &str) {
+        let api: Api<Namespace> = Api::all(client.clone());
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .expect("create namespace");
+    }
+
+    /// Pods of `namespaces` with the tail of their logs, for failure messages.
+    pub async fn dump_namespaces(
+        client: &Client,
+        sim: &NodeSimulator,
+        namespaces: &[&str],
+    ) -> String {
+        let mut out = String::new();
+        for &ns in namespaces {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+            for p in pods
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                out.push_str(&format!(
+                    "pod {ns}/{name}: node={:?} status={:?}\n",
+                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    p.status.as_ref().map(|s| (&s.phase, &s.reason, &s.message))
+                ));
+                let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+                    sim.state_dir(),
+                    ns,
+                    &name,
+                ))
+                .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                for l in tail.into_iter().rev() {
+                    out.push_str(&format!("  | {l}\n"));
+                }
+            }
+        }
+        out
+    }
+}

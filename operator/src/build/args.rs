@@ -81,11 +81,11 @@ pub fn trainer_args(spec: &HeteroTrainingJobSpec, group: &WorkerGroup) -> Vec<St
     }
     let t = &spec.training;
     push("batch-size", t.global_batch_size.to_string());
-    if let Some(e) = t.epochs {
-        push("epochs", e.to_string());
-    }
-    if let Some(s) = t.max_steps {
-        push("max-steps", s.to_string());
+    // maxSteps wins over epochs when both are set (see the CRD docs).
+    match (t.max_steps, t.epochs) {
+        (Some(s), _) => push("max-steps", s.to_string()),
+        (None, Some(e)) => push("epochs", e.to_string()),
+        (None, None) => {}
     }
     push("lr", t.learning_rate.clone());
     push(

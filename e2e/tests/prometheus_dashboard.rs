@@ -1,0 +1,282 @@
+//! The dashboards on real data: a real Prometheus (Debian's package)
+//! scrapes the simulated pods through file-based discovery kept by the node
+//! simulator, with the target labels the chart's PodMonitor relabelling
+//! gives (namespace, pod, node, job_name, rank, group). The chart is
+//! installed with `operator.metricsSource=prometheus`, so the operator (run
+//! by the simulator under the chart's RBAC) balances a job of real trainers
+//! from Prometheus' HTTP API. While the job trains, every dashboard panel's
+//! PromQL — with $namespace, $job and $__rate_interval as Grafana would
+//! substitute them — must return data (GPU / evaluation panels only when
+//! the run has such series), and a trainer's exposition passes
+//! `promtool check metrics`.
+//!
+//! Needs `target/<profile>/heterotrain-operator` and `heterotrain-trainer`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
+use heterotrain_e2e::prometheus::{self, Prometheus};
+use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use support::*;
+
+const SYSTEM_NS: &str = "heterotrain-system";
+const NS: &str = "dash";
+const JOB: &str = "dash";
+/// Prometheus scrapes every second; Grafana's $__rate_interval is then
+/// max(4 × scrape interval, step + scrape interval): a few seconds. Use
+/// a window that holds enough samples for rate().
+const RATE_INTERVAL: &str = "15s";
+
+/// `query` at the server's now, through its HTTP API.
+fn query(prom: &Prometheus, expr: &str) -> Result<Vec<serde_json::Value>, String> {
+    prom.query(expr).map_err(|e| format!("{e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
+    let cluster = LocalCluster::start(ClusterOptions {
+        name: "prometheus-dashboard".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane (run `make setup`)");
+    let client = cluster.client().await.unwrap();
+    let nodes = NodesFile::parse(
+        "nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.35, cpu: '1'}\n",
+    )
+    .unwrap();
+    let sim = NodeSimulator::start(
+        client.clone(),
+        nodes,
+        cluster.state_dir(),
+        cluster.kubeconfig_renderer(),
+    )
+    .await
+    .expect("start node simulator");
+    let prom = Prometheus::start(
+        &cluster.state_dir().join("prometheus"),
+        Duration::from_secs(1),
+    )
+    .expect("start prometheus (run `make setup`)");
+    sim.export_prometheus_targets(&prometheus::targets_file(prom.dir()));
+    create_namespace(&client, NS).await;
+
+    let chart = chart_dir();
+    let kubeconfig = cluster.kubeconfig_path();
+    let prom_url = prom.url();
+    run_helm(&[
+        "install",
+        "ht",
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        &format!("watchNamespaces={{{NS}}}"),
+        "--set",
+        "operator.nodeSelector.kubernetes\\.io/hostname=ops",
+        "--set",
+        "operator.listenAddress=$(POD_IP)",
+        "--set",
+        "operator.metricsSource=prometheus",
+        "--set",
+        &format!("operator.prometheusUrl={prom_url}"),
+        "--set",
+        "operator.scrapeIntervalSeconds=2",
+        "--set",
+        "operator.rebalanceIntervalSeconds=4",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // Two ranks on nodes of different speed; the operator reads their
+    // metrics from Prometheus only.
+    let job = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": JOB},
+        "spec": {
+            "workers": [
+                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
+                 "resources": {"limits": {"cpu": "1"}}},
+                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
+                 "resources": {"limits": {"cpu": "1"}}}
+            ],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image", "syntheticSamples": 4096},
+            "training": {"globalBatchSize": 64, "epochs": 100000, "maxSteps": 1000000, "learningRate": "0.05"},
+            "loadBalancing": {"policy": "dynamic", "metricsSource": "prometheus", "rebalanceIntervalSteps": 5,
+                              "prometheusUrl": prom_url},
+            "profiling": {"enabled": true}
+        }
+    });
+    let jobs = jobs_api(&client, NS);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .expect("create job");
+
+    // The operator rebalances from Prometheus data.
+    let read = tokio::time::timeout(Duration::from_secs(240), async {
+        loop {
+            if let Ok(Some(j)) = jobs.get_opt(JOB).await {
+                let st = &j.data["status"];
+                // Throughput and balance in the status come from the metrics
+                // source, which --metrics-source=prometheus makes Prometheus.
+                if st["phase"] == "Running"
+                    && st["clusterSamplesPerSecond"].as_f64().unwrap_or(0.0) > 0.0
+                    && st["balance"]["class"].is_string()
+                    && st["groups"].as_array().is_some_and(|g| {
+                        g.iter()
+                            .all(|g| g["samplesPerSecond"].as_f64().unwrap_or(0.0) > 0.0)
+                    })
+                {
+                    return st.clone();
+                }
+                assert!(
+                    st["phase"] != "Failed" && st["phase"] != "Succeeded",
+                    "job ended before the operator read it from Prometheus: {st}\n{}",
+                    dump_namespaces(&client, &sim, &[SYSTEM_NS, NS]).await
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    let status = match read {
+        Ok(s) => s,
+        Err(_) => panic!(
+            "no metrics from Prometheus in the job status after 240 s: {:?}\n{}",
+            jobs.get_opt(JOB)
+                .await
+                .ok()
+                .flatten()
+                .map(|j| j.data["status"].clone()),
+            dump_namespaces(&client, &sim, &[SYSTEM_NS, NS]).await
+        ),
+    };
+    // Any plan it wrote is valid.
+    let batches: Vec<u64> = status["lastRebalance"]["batchSizes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|b| b.as_u64()).collect())
+        .unwrap_or_default();
+    assert!(
+        batches.is_empty() || batches.iter().sum::<u64>() == 64,
+        "{status}"
+    );
+
+    // Enough scrapes for the rate windows.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+
+    // Dashboard variables resolve to this job.
+    let d = dashboard();
+    for v in d["templating"]["list"].as_array().unwrap() {
+        let Some(q) = v["query"]["query"].as_str() else {
+            continue;
+        };
+        let (expr, label) = label_values_query(q).expect("label_values");
+        let expr = substitute(&expr, NS, JOB, RATE_INTERVAL);
+        let want = if label == "namespace" { NS } else { JOB };
+        let got: Vec<String> = query(&prom, &expr)
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["metric"][&label].as_str().map(str::to_string))
+            .collect();
+        assert!(
+            got.iter().any(|g| g == want),
+            "variable {}: {got:?}",
+            v["name"]
+        );
+    }
+
+    // Every panel's every query returns data.
+    let has = |pattern: &str| {
+        !query(
+            &prom,
+            &format!("count({{__name__=~\"{pattern}\",namespace=\"{NS}\",job_name=\"{JOB}\"}})"),
+        )
+        .unwrap_or_default()
+        .is_empty()
+    };
+    let run_has_gpu = has("heterotrain_gpu_.+");
+    let run_has_eval = has("heterotrain_eval_.+");
+    let mut empty = Vec::new();
+    let mut checked = 0;
+    for p in dashboard_panels(&d) {
+        match p.requires.as_deref() {
+            Some("gpu") if !run_has_gpu => continue,
+            Some("evaluation") if !run_has_eval => continue,
+            _ => {}
+        }
+        for e in &p.exprs {
+            let expr = substitute(e, NS, JOB, RATE_INTERVAL);
+            match query(&prom, &expr) {
+                Ok(r) if !r.is_empty() => checked += 1,
+                Ok(_) => empty.push(format!("{}: {expr}", p.title)),
+                Err(err) => empty.push(format!("{}: {expr}: {err}", p.title)),
+            }
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data:\n{}",
+        empty.join("\n")
+    );
+    assert!(checked >= 20, "only {checked} queries checked");
+
+    // A trainer's and the operator's exposition pass promtool.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let rank0 = pods.get(&format!("{JOB}-0")).await.unwrap();
+    let ip = rank0.status.and_then(|s| s.pod_ip).expect("rank 0 IP");
+    let text = http_get(&format!("{ip}:9400"), "/metrics").expect("trainer /metrics");
+    promtool_check_metrics(&text);
+
+    jobs.delete(JOB, &DeleteParams::default()).await.unwrap();
+    wait_for("the job's pods to go", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&format!("heterotrain.dev/job={JOB}")))
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    run_helm(&[
+        "uninstall",
+        "ht",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        SYSTEM_NS,
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ops: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    while !ops
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    sim.stop().await;
+    drop(prom);
+    cluster.stop();
+}

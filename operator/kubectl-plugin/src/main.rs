@@ -1,0 +1,139 @@
+//! `kubectl-heterotrain` (used as `kubectl heterotrain ...`): status, a live
+//! view, plan history and hardware profiles of HeteroTrainingJobs.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use k8s_openapi::jiff::Timestamp;
+use kubectl_heterotrain::{fetch, render};
+
+/// Inspect HeteroTrain jobs: groups, ranks, batches, throughput, balance and plans.
+#[derive(Parser, Debug)]
+#[command(name = "kubectl heterotrain", version)]
+struct Cli {
+    /// Namespace of the job (default: the kubeconfig context's namespace).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Groups, ranks, nodes, batches, samples/s, plan generation, balance, last decisions.
+    Status { job: String },
+    /// `status`, redrawn every --interval seconds (Ctrl-C to leave).
+    Top {
+        job: String,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Draw once and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// The plan in use and the history of plan decisions.
+    Plan { job: String },
+    /// Hardware comparison of the job's ranks (profiles).
+    Profile {
+        job: String,
+        /// Namespace of the operator (its profile cache).
+        #[arg(
+            long,
+            env = "HETEROTRAIN_OPERATOR_NAMESPACE",
+            default_value = "heterotrain-system"
+        )]
+        operator_namespace: String,
+        /// Do not try the ranks' /metrics for live profile gauges.
+        #[arg(long)]
+        no_live: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (KUBECONFIG / current context)")?;
+    let ns = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let mut stdout = std::io::stdout();
+    match cli.command {
+        Cmd::Status { job } => {
+            let v = fetch::job_view(&client, &ns, &job).await?;
+            print!("{}", render::status(&v, Timestamp::now()));
+        }
+        Cmd::Top {
+            job,
+            interval,
+            once,
+        } => {
+            let every = Duration::try_from_secs_f64(interval)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .context("--interval must be a positive number of seconds")?;
+            loop {
+                let text = match fetch::job_view(&client, &ns, &job).await {
+                    Ok(v) => render::status(&v, Timestamp::now()),
+                    Err(e) if !once => format!("{e:#}\n"),
+                    Err(e) => return Err(e),
+                };
+                if once {
+                    print!("{text}");
+                    break;
+                }
+                // Clear the screen and draw from the top, like top(1).
+                let _ = write!(
+                    stdout,
+                    "\x1b[H\x1b[2J{} every {interval}s: {job} in {ns}\n\n{text}",
+                    Timestamp::now().strftime("%H:%M:%S")
+                );
+                let _ = stdout.flush();
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = tokio::signal::ctrl_c() => break,
+                }
+            }
+        }
+        Cmd::Plan { job } => {
+            let v = fetch::job_view(&client, &ns, &job).await?;
+            print!("{}", render::plan_history(&v, Timestamp::now()));
+        }
+        Cmd::Profile {
+            job,
+            operator_namespace,
+            no_live,
+        } => {
+            let v = fetch::job_view(&client, &ns, &job).await?;
+            let cache = match fetch::profile_cache(&client, &operator_namespace).await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("warning: {e:#}");
+                    BTreeMap::new()
+                }
+            };
+            let mut live = BTreeMap::new();
+            if !no_live {
+                let port = v.job.spec.metrics_port;
+                for rank in 0..v.job.spec.world_size() {
+                    let ip = v
+                        .pod_of(rank)
+                        .and_then(|p| p.status.as_ref()?.pod_ip.clone());
+                    if let Some(ip) = ip {
+                        if let Some(p) = fetch::live_profile(&ip, port).await {
+                            live.insert(rank, p);
+                        }
+                    }
+                }
+            }
+            print!("{}", render::profile(&v, &cache, &live));
+        }
+    }
+    Ok(())
+}

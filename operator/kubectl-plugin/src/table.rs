@@ -1,0 +1,67 @@
+//! Column-aligned plain-text tables, like kubectl's.
+
+/// A table with a header row.
+#[derive(Debug, Default)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column names.
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Append a row (missing cells are empty, extra cells are dropped).
+    pub fn row(&mut self, cells: Vec<String>) {
+        let mut cells = cells;
+        cells.resize(self.header.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// No rows yet.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The table as text, columns separated by at least three spaces.
+    pub fn render(&self) -> String {
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|i| {
+                std::iter::once(&self.header)
+                    .chain(&self.rows)
+                    .map(|r| r[i].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            let line: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            out.push_str(line.join("   ").trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligns_columns() {
+        let mut t = Table::new(&["RANK", "POD"]);
+        t.row(vec!["0".into(), "job-0".into()]);
+        t.row(vec!["10".into(), "job-10".into()]);
+        assert_eq!(t.render(), "RANK   POD\n0      job-0\n10     job-10\n");
+    }
+}

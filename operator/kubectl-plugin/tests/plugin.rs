@@ -1,0 +1,328 @@
+//! `kubectl heterotrain` against the real local control plane: a job, its
+//! status, rank pods, plan ConfigMap, `Rebalanced` Events and the operator's
+//! profile cache are created by the test (as the operator and kubelets would
+//! write them), then the plugin binary's tables are checked cell by cell.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+
+const NS: &str = "plugin";
+const OPERATOR_NS: &str = "heterotrain-system";
+
+async fn create<K>(api: &Api<K>, v: serde_json::Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(v).expect("object"),
+    )
+    .await
+    .expect("create");
+}
+
+async fn setup(client: &Client) {
+    heterotrain_e2e::crd::install_crd(client)
+        .await
+        .expect("CRD");
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for ns in [NS, OPERATOR_NS] {
+        create(&nss, json!({"metadata": {"name": ns}})).await;
+    }
+    // Pods need the namespace's default ServiceAccount (made by the controller manager).
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sas.get_opt("default").await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no default ServiceAccount");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), NS);
+    create(
+        &jobs,
+        json!({
+            "apiVersion": "heterotrain.dev/v1alpha1", "kind": "HeteroTrainingJob",
+            "metadata": {"name": "demo"},
+            "spec": {
+                "workers": [
+                    {"name": "t4", "replicas": 1, "device": "cuda",
+                     "nodeSelector": {"heterotrain.dev/accelerator": "NVIDIA-T4"},
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "cpu", "replicas": 2}
+                ],
+                "model": {"name": "mlp", "hidden": 128},
+                "dataset": {"name": "synthetic_image"},
+                "training": {"globalBatchSize": 96},
+                "loadBalancing": {"policy": "dynamic"}
+            }
+        }),
+    )
+    .await;
+    let job = jobs.get("demo").await.unwrap();
+    let uid = job.metadata.uid.clone().unwrap();
+    jobs.patch_status(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running", "ranks": 3, "planGeneration": 2, "step": 340, "epoch": 1,
+            "clusterSamplesPerSecond": 812.46, "restarts": 0,
+            "groups": [
+                {"name": "t4", "device": "cuda", "replicas": 1, "ready": 1, "batchSizes": [48], "samplesPerSecond": 530.2},
+                {"name": "cpu", "device": "cpu", "replicas": 2, "ready": 2, "batchSizes": [24, 24], "samplesPerSecond": 282.26}
+            ],
+            "balance": {"cvPercent": 4.21, "class": "Excellent"},
+            "lastRebalance": {"generation": 2, "time": "2026-01-01T00:00:00Z", "reason": "dynamic: live speeds",
+                              "predictedGainPercent": 12.5, "batchSizes": [48, 24, 24]},
+            "conditions": [{"type": "Running", "status": "True", "reason": "AllRanksRunning",
+                            "message": "3 of 3 ranks running", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        }})),
+    )
+    .await
+    .expect("status");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for (rank, group, node) in [
+        (0, "t4", "gpu-node"),
+        (1, "cpu", "cpu-node-a"),
+        (2, "cpu", "cpu-node-b"),
+    ] {
+        create(
+            &pods,
+            json!({
+                "metadata": {"name": format!("demo-{rank}"), "labels": {
+                    "heterotrain.dev/job": "demo", "heterotrain.dev/rank": rank.to_string(),
+                    "heterotrain.dev/group": group, "app.kubernetes.io/managed-by": "heterotrain-operator"}},
+                "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                         "containers": [{"name": "trainer", "image": "heterotrain-trainer"}]}
+            }),
+        )
+        .await;
+        pods.patch_status(
+            &format!("demo-{rank}"),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"phase": "Running", "podIP": format!("127.0.0.{}", 200 + rank)}}),
+            ),
+        )
+        .await
+        .expect("pod status");
+    }
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    create(
+        &cms,
+        json!({"metadata": {"name": "demo-plan"}, "data": {"plan.json":
+            r#"{"generation": 2, "globalBatchSize": 96, "batchSizes": [48, 24, 24], "policy": "dynamic", "reason": "dynamic: live speeds", "predictedStepSeconds": 0.125}"#}}),
+    )
+    .await;
+    let ops: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NS);
+    create(
+        &ops,
+        json!({"metadata": {"name": "heterotrain-profile-cache"}, "data": {
+            // t(b) = 0.02 + 0.001 b on the T4.
+            "NVIDIA-T4_cuda_mlp.h128": r#"{"points": [[8, 0.028], [32, 0.052]], "maxBatch": 4096}"#,
+            "other_cpu_resnet18": r#"{"points": [[8, 1.0]], "maxBatch": 64}"#
+        }}),
+    )
+    .await;
+
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    for (i, (gen, batches, gain, reason)) in [
+        (1, "[40, 28, 28]", "31.0", "proportional: startup profile"),
+        (2, "[48, 24, 24]", "12.5", "dynamic: live speeds"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(
+            &events,
+            json!({
+                "apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": format!("demo.rebalanced.{i}")},
+                "eventTime": format!("2026-01-01T00:0{i}:00.000000Z"),
+                "reportingController": "heterotrain-operator", "reportingInstance": "op-0",
+                "action": "Rebalance", "reason": "Rebalanced", "type": "Normal",
+                "regarding": {"apiVersion": "heterotrain.dev/v1alpha1", "kind": "HeteroTrainingJob",
+                              "namespace": NS, "name": "demo", "uid": uid},
+                "note": format!("plan generation {gen}: batches {batches}; predicted gain {gain}%; {reason}")
+            }),
+        )
+        .await;
+    }
+}
+
+fn plugin(cluster: &LocalCluster, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
+        .args(args)
+        .env("KUBECONFIG", cluster.kubeconfig_path())
+        .output()
+        .expect("run kubectl-heterotrain");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "kubectl-heterotrain {args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The cells of the table row whose first cell is `first` (after `header`).
+fn row(text: &str, header: &str, first: &str) -> Vec<String> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(header));
+    assert!(lines.next().is_some(), "no table {header:?} in:\n{text}");
+    lines
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| {
+            l.split("   ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .find(|cells| cells.first().map(String::as_str) == Some(first))
+        .unwrap_or_else(|| panic!("no row {first:?} in table {header:?}:\n{text}"))
+}
+
+fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_top_plan_and_profile_show_the_job() {
+    let cluster = LocalCluster::start(ClusterOptions {
+        name: "kubectl-plugin".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane (run `make setup`)");
+    let client = cluster.client().await.unwrap();
+    setup(&client).await;
+
+    let status = plugin(&cluster, &["-n", NS, "status", "demo"]);
+    assert!(line(&status, "Phase:").contains("Running"), "{status}");
+    assert!(line(&status, "Progress:").contains("step 340"), "{status}");
+    assert!(
+        line(&status, "Throughput:").contains("812.5 samples/s"),
+        "{status}"
+    );
+    assert!(line(&status, "Policy:").contains("dynamic"));
+    assert!(line(&status, "Plan:").contains("generation 2"), "{status}");
+    assert!(
+        line(&status, "Plan:").contains("batches [48, 24, 24]"),
+        "{status}"
+    );
+    assert!(
+        line(&status, "Balance:").contains("CV 4.2 %  Excellent"),
+        "{status}"
+    );
+    assert!(
+        line(&status, "Last rebalance:").contains("generation 2"),
+        "{status}"
+    );
+    assert!(
+        line(&status, "Last rebalance:").contains("12.5 %"),
+        "{status}"
+    );
+    assert_eq!(
+        row(&status, "GROUP", "t4"),
+        ["t4", "cuda", "1/1", "[48]", "530.2"]
+    );
+    assert_eq!(
+        row(&status, "GROUP", "cpu"),
+        ["cpu", "cpu", "2/2", "[24, 24]", "282.3"]
+    );
+    assert_eq!(
+        row(&status, "RANK", "0"),
+        ["0", "t4", "demo-0", "gpu-node", "Running", "48"]
+    );
+    assert_eq!(
+        row(&status, "RANK", "2"),
+        ["2", "cpu", "demo-2", "cpu-node-b", "Running", "24"]
+    );
+    let last = row(&status, "GENERATION", "2");
+    assert_eq!(
+        last[2..],
+        ["[48, 24, 24]", "12.5 %", "dynamic: live speeds"]
+    );
+    assert_eq!(row(&status, "CONDITION", "Running")[2], "AllRanksRunning");
+
+    // `top --once` draws the same view once.
+    let top = plugin(
+        &cluster,
+        &["-n", NS, "top", "demo", "--once", "--interval", "1"],
+    );
+    assert_eq!(
+        row(&top, "RANK", "1"),
+        ["1", "cpu", "demo-1", "cpu-node-a", "Running", "24"]
+    );
+
+    let plan = plugin(&cluster, &["-n", NS, "plan", "demo"]);
+    assert!(
+        line(&plan, "Current plan of demo:")
+            .contains("generation 2, global batch 96, policy dynamic"),
+        "{plan}"
+    );
+    assert!(line(&plan, "Predicted step time:").contains("0.1250 s"));
+    assert_eq!(row(&plan, "RANK", "0"), ["0", "t4", "48", "50.0 %"]);
+    assert_eq!(row(&plan, "RANK", "1"), ["1", "cpu", "24", "25.0 %"]);
+    let g1 = row(&plan, "GENERATION", "1");
+    assert_eq!(
+        g1[2..],
+        ["[40, 28, 28]", "31.0 %", "proportional: startup profile"]
+    );
+    let g2 = row(&plan, "GENERATION", "2");
+    assert_eq!(g2[2..], ["[48, 24, 24]", "12.5 %", "dynamic: live speeds"]);
+
+    let profile = plugin(
+        &cluster,
+        &[
+            "-n",
+            NS,
+            "profile",
+            "demo",
+            "--operator-namespace",
+            OPERATOR_NS,
+            "--no-live",
+        ],
+    );
+    // Rank 0 from the cache: t(b) = 0.02 + 0.001 b; equal share 32 → 32 / 0.052 s.
+    let r0 = row(&profile, "RANK", "0");
+    assert_eq!(r0[..4], ["0", "t4", "gpu-node", "NVIDIA-T4"], "{profile}");
+    assert_eq!(
+        r0[6..],
+        ["0.0200", "0.001000", "4096", "615.4", "1.00x"],
+        "{profile}"
+    );
+    // CPU ranks: no accelerator pin, no cache entry.
+    assert_eq!(
+        row(&profile, "RANK", "1")[3..],
+        ["-", "-", "-", "-", "-", "-", "-", "-"]
+    );
+    let cached = row(&profile, "CACHED PROFILE", "NVIDIA-T4_cuda_mlp.h128");
+    assert_eq!(cached[1..], ["0.0200", "0.001000", "4096", "2"]);
+    assert!(
+        !profile.contains("other_cpu_resnet18"),
+        "other models' profiles are not listed"
+    );
+
+    // A job that does not exist is an error naming it.
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
+        .args(["-n", NS, "status", "nope"])
+        .env("KUBECONFIG", cluster.kubeconfig_path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"nope\" not found"));
+
+    cluster.stop();
+}
