@@ -96,11 +96,23 @@ fn succeeded(j: &HeteroTrainingJob) -> bool {
     phase(j) == "Succeeded"
 }
 
+/// `HETEROTRAIN_E2E_ONLY=dynamic,static` runs only those scenarios.
+fn selected(ns: &str) -> bool {
+    match std::env::var("HETEROTRAIN_E2E_ONLY") {
+        Ok(list) if !list.is_empty() => list.split(',').any(|s| s.trim() == ns),
+        _ => true,
+    }
+}
+
 async fn scenario<F, Fut>(system: &System, ns: &str, f: F)
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
+    if !selected(ns) {
+        eprintln!("scenario {ns}: skipped (HETEROTRAIN_E2E_ONLY)");
+        return;
+    }
     let t0 = Instant::now();
     system.create_namespace(ns).await.expect("namespace");
     if let Err(e) = f().await {

@@ -155,18 +155,28 @@ pub fn dns_names(pod: &Pod) -> Vec<String> {
     }
 }
 
+/// Patch the pod's status like a kubelet: retried (the API server may be
+/// restarting) until it lands, the pod is gone, or 5 minutes passed.
 async fn patch_status(ctx: &Ctx, pod: &Pod, status: serde_json::Value) -> Result<()> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Strategic(json!({ "status": status })),
-    )
-    .await
-    .with_context(|| format!("updating status of pod {ns}/{name}"))?;
-    Ok(())
+    let body = json!({ "status": status });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&body))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("nodesim: updating status of pod {ns}/{name} (retrying): {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("updating status of pod {ns}/{name}")),
+        }
+    }
 }
 
 fn conditions(ready: bool, at: &str) -> serde_json::Value {
