@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test lint fmt crds demo demo-down build bench-balancer bench-trainer clean-cache
+.PHONY: help setup test lint fmt crds demo demo-down build bench-balancer bench-trainer clean-cache install-plugin
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -55,3 +55,8 @@ bench-trainer: setup ## our trainer vs PyTorch DDP (torchrun, Gloo), 2 ranks
 
 clean-cache: ## remove build outputs from the cache (keeps downloads and the venv)
 	rm -rf $(HETEROTRAIN_CACHE)/target
+
+install-plugin: setup ## build kubectl-heterotrain and put it on the cache's bin (on PATH via env.sh)
+	@$(CARGO) build -q --release -p kubectl-heterotrain
+	@ln -sf $(CARGO_TARGET_DIR)/release/kubectl-heterotrain $(HETEROTRAIN_CACHE)/bin/kubectl-heterotrain
+	@echo "installed: $(HETEROTRAIN_CACHE)/bin/kubectl-heterotrain (source $(HETEROTRAIN_CACHE)/env.sh, then: kubectl heterotrain --help)"

@@ -63,6 +63,36 @@ pub const GPU_TEMPERATURE_CELSIUS: &str = "heterotrain_gpu_temperature_celsius";
 pub const GPU_POWER_WATTS: &str = "heterotrain_gpu_power_watts";
 pub const GPU_SM_CLOCK_HERTZ: &str = "heterotrain_gpu_sm_clock_hertz";
 
+/// Turn prometheus-client's OpenMetrics text into the classic text format:
+/// counters' HELP/TYPE name gets its `_total` (as the samples have), and
+/// the OpenMetrics-only `# UNIT` / `# EOF` lines go.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Pod labels the operator sets and the PodMonitor turns into target labels.
 pub mod labels {
     /// Job name.
@@ -85,4 +115,19 @@ pub mod env {
     pub const NAMESPACE: &str = "HETEROTRAIN_NAMESPACE";
     pub const POD_IP: &str = "POD_IP";
     pub const RESTART_COUNT: &str = "HETEROTRAIN_RESTART_COUNT";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::openmetrics_to_text;
+
+    #[test]
+    fn counters_get_total_in_help_and_type_and_eof_goes() {
+        let om = "# HELP x_seconds Time.\n# TYPE x_seconds counter\n# UNIT x_seconds seconds\nx_seconds_total 1.5\n# TYPE g gauge\ng 2\n# EOF\n";
+        let text = openmetrics_to_text(om);
+        assert_eq!(
+            text,
+            "# HELP x_seconds_total Time.\n# TYPE x_seconds_total counter\nx_seconds_total 1.5\n# TYPE g gauge\ng 2\n"
+        );
+    }
 }

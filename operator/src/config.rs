@@ -53,7 +53,11 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
-            trainer_image: "ghcr.io/heterotrain/trainer:latest".into(),
+            trainer_image: concat!(
+                "ghcr.io/heterotrain/heterotrain-trainer:",
+                env!("CARGO_PKG_VERSION")
+            )
+            .into(),
             scrape_interval: Duration::from_secs(10),
             scrape_timeout: Duration::from_secs(3),
             rebalance_interval: Duration::from_secs(30),

@@ -22,7 +22,7 @@ struct Cli {
     #[arg(
         long,
         env = "HETEROTRAIN_TRAINER_IMAGE",
-        default_value = "ghcr.io/heterotrain/trainer:latest"
+        default_value = concat!("ghcr.io/heterotrain/heterotrain-trainer:", env!("CARGO_PKG_VERSION"))
     )]
     trainer_image: String,
     /// Where live metrics come from: `job` (each job's metricsSource), `pods`, `prometheus`.

@@ -31,8 +31,8 @@ pub fn route(path: &str, ctx: &Context) -> Response<Full<Bytes>> {
     match path {
         "/metrics" => respond(
             StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ctx.metrics.encode(),
+            "text/plain; version=0.0.4; charset=utf-8",
+            heterotrain_crds::metrics::openmetrics_to_text(&ctx.metrics.encode()),
         ),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if ctx.ready.load(Ordering::SeqCst) => {

@@ -428,35 +428,7 @@ impl TrainerMetrics {
     }
 }
 
-/// Turn prometheus-client's OpenMetrics text into the classic text format:
-/// counters' HELP/TYPE name gets its `_total` (as the samples have), and
-/// the OpenMetrics-only `# UNIT` / `# EOF` lines go.
-pub fn openmetrics_to_text(om: &str) -> String {
-    let counters: std::collections::HashSet<&str> = om
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(om.len());
-    for line in om.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let (name, tail) = rest.split_once(' ')?;
-            counters
-                .contains(name)
-                .then(|| format!("{prefix}{name}_total {tail}"))
-        });
-        match renamed {
-            Some(l) => out.push_str(&l),
-            None => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
-}
+pub use heterotrain_crds::metrics::openmetrics_to_text;
 
 /// User+system CPU seconds of this process (`/proc/self/stat`).
 fn process_cpu_seconds() -> Option<f64> {

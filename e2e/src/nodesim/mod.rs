@@ -162,7 +162,7 @@ impl NodeSimulator {
             instance,
             kubeconfig_template: Box::new(kubeconfig_for_token),
             next_ip: AtomicU32::new(2),
-            ip_prefix: 20 + (std::process::id() % 200) as u8,
+            ip_prefix: next_ip_prefix(),
             running: Mutex::new(HashMap::new()),
             targets_file: Mutex::new(None),
             targets: Mutex::new(BTreeMap::new()),
@@ -271,6 +271,14 @@ impl Drop for NodeSimulator {
         }
         let _ = self.ctx.hosts.clear();
     }
+}
+
+/// Second octet of an instance's pod IPs: distinct for every simulator in
+/// this process (and, by the process id, most likely across processes).
+fn next_ip_prefix() -> u8 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    (20 + (std::process::id().wrapping_mul(7).wrapping_add(n * 53)) % 230) as u8
 }
 
 fn rand_suffix() -> u32 {
