@@ -190,9 +190,9 @@ exit 3"#;
         !std::path::Path::new("/ht-scratch/s").exists(),
         "emptyDir leaked to the host"
     );
-    // 0.25 speed × 1 CPU limit = a quarter of a 100 ms period.
+    // 0.25 speed × 1 CPU limit = a quarter of the 10 ms period.
     assert!(
-        log.contains("quota=25000") || log.contains("quota=25000 100000"),
+        log.contains("quota=2500\n") || log.contains("quota=2500 10000"),
         "{log}"
     );
 

@@ -152,7 +152,7 @@ async fn end_to_end() {
     // 1. dynamic on speeds 1.0 / 0.33: the fast rank ends with ≥ 2× the slow rank's batch.
     scenario(&system, "dynamic", || async {
         system
-            .create_job("dynamic", &quickstart("qs", "dynamic", 400, None))
+            .create_job("dynamic", &quickstart("qs", "dynamic", 600, None))
             .await
             .map_err(|e| e.to_string())?;
         let job = system

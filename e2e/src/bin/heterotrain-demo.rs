@@ -440,7 +440,16 @@ async fn demo(cli: &Cli) -> Result<()> {
         Some(d) => println!("  time to final plan:       {d:.1?} after the first step"),
         None => println!("  time to final plan:       plan never changed"),
     }
+    let synthetic = matches!(
+        job.spec.dataset.name,
+        heterotrain_crds::DatasetName::SyntheticImage
+            | heterotrain_crds::DatasetName::SyntheticText
+    );
     match balanced.accuracy {
+        Some(a) if synthetic => println!(
+            "  held-out accuracy:        {:.1}% (synthetic data with random labels: chance level)",
+            a * 100.0
+        ),
         Some(a) => println!("  held-out accuracy:        {:.1}%", a * 100.0),
         None => println!("  held-out accuracy:        (no evaluation reported)"),
     }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-const PERIOD_US: u64 = 100_000;
+/// A short period (10 ms) spreads the throttling evenly over steps of a few
+/// milliseconds; with the default 100 ms it lands in bursts.
+const PERIOD_US: u64 = 10_000;
 
 /// Which cgroup hierarchy this machine has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
