@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test lint fmt crds demo demo-down build bench-balancer bench-trainer clean-cache install-plugin
+.PHONY: help setup test lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -46,6 +46,9 @@ demo: setup ## the whole system on this machine (see README)
 
 demo-down: ## stop the demo's local control plane
 	@$(CARGO) run -q --release -p heterotrain-e2e --bin heterotrain-demo -- --down
+
+bench: setup ## policies × scenarios on simulated nodes, DDP, operator scale → out/bench (BENCH_ARGS=--quick …)
+	@bash e2e/scripts/bench.sh $(BENCH_ARGS)
 
 bench-balancer: setup ## balancer efficiency per policy and plan time at scale
 	@$(CARGO) run -q --release -p heterotrain-balancer --bin heterotrain-bench-balancer

@@ -401,6 +401,11 @@ pub enum BalancePolicy {
     Dynamic,
     /// Profile as a prior, live measurements weighted in.
     Hybrid,
+    /// The Python prototype's scoring formula (hardware score blended with
+    /// inverse step time). A comparison baseline for benchmarks; it mixes
+    /// units and balances poorly, so prefer `dynamic`.
+    #[serde(rename = "seed-formula")]
+    SeedFormula,
 }
 
 impl BalancePolicy {
@@ -411,6 +416,7 @@ impl BalancePolicy {
             BalancePolicy::Proportional => "proportional",
             BalancePolicy::Dynamic => "dynamic",
             BalancePolicy::Hybrid => "hybrid",
+            BalancePolicy::SeedFormula => "seed-formula",
         }
     }
 }

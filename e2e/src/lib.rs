@@ -3,6 +3,7 @@
 //! sources by `make setup`, for tests, the demo and trying the system on one
 //! machine.
 
+pub mod bench;
 pub mod cluster;
 pub mod crd;
 pub mod keeper;

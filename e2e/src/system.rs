@@ -50,6 +50,8 @@ pub struct System {
     pub sim: NodeSimulator,
     pub prometheus: Option<Prometheus>,
     operator: Mutex<Option<Child>>,
+    /// Port of the running operator's HTTP server (`/metrics`, probes).
+    operator_http: Mutex<Option<u16>>,
     operator_args: Vec<String>,
     operator_kubeconfig: PathBuf,
 }
@@ -180,6 +182,7 @@ impl System {
             sim,
             prometheus,
             operator: Mutex::new(None),
+            operator_http: Mutex::new(None),
             operator_args,
             operator_kubeconfig,
         };
@@ -276,7 +279,23 @@ impl System {
             .stdout(log.try_clone()?)
             .stderr(log);
         *guard = Some(spawn_tied(cmd).context("starting heterotrain-operator")?);
+        if let Ok(mut h) = self.operator_http.lock() {
+            *h = Some(http);
+        }
         Ok(())
+    }
+
+    /// The running operator's process id.
+    pub fn operator_pid(&self) -> Option<u32> {
+        let mut g = self.operator.lock().ok()?;
+        let child = g.as_mut()?;
+        matches!(child.try_wait(), Ok(None)).then(|| child.id())
+    }
+
+    /// Port (on 127.0.0.1) of the running operator's HTTP server.
+    pub fn operator_http_port(&self) -> Option<u16> {
+        self.operator_pid()?;
+        *self.operator_http.lock().ok()?
     }
 
     /// SIGKILL the operator (a crash), or stop it gracefully.

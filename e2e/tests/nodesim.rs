@@ -11,6 +11,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
+/// Handles SIGTERM; prints its CPU quota (µs per period) every 100 ms.
+const QUOTA_LOOP: &str = r#"trap 'echo got-term; exit 0' TERM
+echo started
+cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
+f=/sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us
+[ -f "$f" ] || f=/sys/fs/cgroup$(awk -F: '$1==0 {print $3}' /proc/self/cgroup)/cpu.max
+while true; do echo "q=$(cat $f)"; sleep 0.1; done"#;
+
 async fn wait_pod<F: Fn(&Pod) -> bool>(api: &Api<Pod>, name: &str, what: &str, f: F) -> Pod {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -204,7 +212,8 @@ exit 3"#;
             "terminationGracePeriodSeconds": 10,
             "nodeSelector": {"kubernetes.io/hostname": "fast"},
             "containers": [{"name": "main", "image": "busybox",
-                "command": ["sh", "-c", "trap 'echo got-term; exit 0' TERM; echo started; while true; do sleep 0.1; done"]}]
+                "resources": {"limits": {"cpu": "1"}},
+                "command": ["sh", "-c", QUOTA_LOOP]}]
         }
     });
     pods.create(
@@ -214,7 +223,38 @@ exit 3"#;
     .await
     .unwrap();
     wait_pod(&pods, "sleeper", "Running", |p| phase(p) == "Running").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sleeper_log = || {
+        std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+            sim.state_dir(),
+            ns,
+            "sleeper",
+        ))
+        .unwrap_or_default()
+    };
+    let wait_log = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = sleeper_log();
+            // The latest quota printed (cgroup v2 adds the period).
+            let last = log.lines().rev().find(|l| l.starts_with("q="));
+            if last.is_some_and(|l| l == what || l.starts_with(&format!("{what} "))) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no {what:?} in: {log}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Speed 1.0 × 1 CPU: the whole 10 ms period.
+    wait_log("q=10000");
+    // A node slowed at run time: the running pod's quota follows.
+    assert_eq!(sim.speed("fast"), Some(1.0));
+    assert_eq!(sim.set_speed("fast", 0.4).expect("set speed"), 1);
+    assert_eq!(sim.speed("fast"), Some(0.4));
+    wait_log("q=4000");
+    assert!(sim.set_speed("nowhere", 0.5).is_err());
+    assert!(sim.set_speed("fast", 0.0).is_err());
+    assert_eq!(sim.set_speed("fast", 1.0).expect("restore speed"), 1);
+    wait_log("q=10000");
     pods.delete("sleeper", &DeleteParams::default())
         .await
         .unwrap();

@@ -15,6 +15,7 @@ pub fn policy_of(p: BalancePolicy) -> Policy {
         BalancePolicy::Proportional => Policy::Proportional,
         BalancePolicy::Dynamic => Policy::Dynamic,
         BalancePolicy::Hybrid => Policy::Hybrid,
+        BalancePolicy::SeedFormula => Policy::SeedFormula,
     }
 }
 

@@ -62,7 +62,7 @@ impl Cgroup {
         let dir = parent.join(name);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating cgroup {}", dir.display()))?;
-        let quota = ((cores * PERIOD_US as f64) as u64).max(1000);
+        let quota = quota_us(cores);
         match version {
             Version::V1 => {
                 std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
@@ -97,10 +97,26 @@ impl Cgroup {
         &self.dir
     }
 
+    /// Change the quota to `cores` while processes run in the cgroup.
+    pub fn set_cores(&self, cores: f64) -> Result<()> {
+        let quota = quota_us(cores);
+        if self.dir.join("cpu.max").exists() {
+            std::fs::write(self.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+        } else {
+            std::fs::write(self.dir.join("cpu.cfs_quota_us"), quota.to_string())
+        }
+        .with_context(|| format!("setting the quota of {}", self.dir.display()))
+    }
+
     /// Remove the cgroup (after its processes exited).
     pub fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// CFS quota (µs per period) for `cores`, at least 1 ms.
+fn quota_us(cores: f64) -> u64 {
+    ((cores * PERIOD_US as f64) as u64).max(1000)
 }
 
 /// Join the cgroup whose `cgroup.procs` is `procs`; async-signal-safe, for `pre_exec`.

@@ -42,9 +42,21 @@ pub struct Ctx {
     /// Prometheus file-SD output, when enabled.
     targets_file: Mutex<Option<PathBuf>>,
     targets: Mutex<BTreeMap<String, serde_json::Value>>,
+    /// Speeds changed at run time ([`NodeSimulator::set_speed`]).
+    speeds: Mutex<HashMap<String, f64>>,
 }
 
 impl Ctx {
+    /// A node's current speed (its configured one unless changed at run time).
+    pub fn speed_of(&self, node: &str) -> f64 {
+        self.speeds
+            .lock()
+            .ok()
+            .and_then(|s| s.get(node).copied())
+            .or_else(|| self.nodes.get(node).map(|n| n.speed))
+            .unwrap_or(1.0)
+    }
+
     /// A fresh loopback IP (never reused within an instance).
     pub fn next_ip(&self) -> String {
         let n = self.next_ip.fetch_add(1, Ordering::SeqCst);
@@ -166,6 +178,7 @@ impl NodeSimulator {
             running: Mutex::new(HashMap::new()),
             targets_file: Mutex::new(None),
             targets: Mutex::new(BTreeMap::new()),
+            speeds: Mutex::new(HashMap::new()),
         });
         for n in ctx.nodes.values() {
             node::register(&client, n).await?;
@@ -222,6 +235,45 @@ impl NodeSimulator {
             }
             None => false,
         }
+    }
+
+    /// Change a node's speed now: the CPU quota of every pod running on it
+    /// and of pods started later (a node slowing down, e.g. thermal
+    /// throttling or a noisy neighbour). Returns how many running pods were
+    /// re-quota'd.
+    pub fn set_speed(&self, node: &str, speed: f64) -> Result<usize> {
+        if !self.ctx.nodes.contains_key(node) {
+            anyhow::bail!("node {node} is not simulated here");
+        }
+        if !(speed.is_finite() && speed > 0.0 && speed <= 64.0) {
+            anyhow::bail!("speed {speed} must be in (0, 64]");
+        }
+        if let Ok(mut s) = self.ctx.speeds.lock() {
+            s.insert(node.to_string(), speed);
+        }
+        let pods: Vec<_> = self
+            .ctx
+            .running
+            .lock()
+            .map(|m| m.values().filter(|p| p.node == node).cloned().collect())
+            .unwrap_or_default();
+        let mut changed = 0;
+        for p in pods {
+            let cg = p.cgroup.lock().ok().and_then(|g| g.clone());
+            if let Some((cg, limit)) = cg {
+                cg.set_cores(limit * speed)?;
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// A node's current speed.
+    pub fn speed(&self, node: &str) -> Option<f64> {
+        self.ctx
+            .nodes
+            .contains_key(node)
+            .then(|| self.ctx.speed_of(node))
     }
 
     /// Names of the simulated nodes.
@@ -354,6 +406,8 @@ fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
             let running = Arc::new(pod::RunningPod {
                 pid: Mutex::new(None),
                 terminating: AtomicBool::new(false),
+                node: node.clone(),
+                cgroup: Mutex::new(None),
             });
             if let Ok(mut m) = ctx.running.lock() {
                 m.insert(uid, running.clone());

@@ -38,6 +38,10 @@ pub struct RunningPod {
     pub pid: std::sync::Mutex<Option<u32>>,
     /// Set when the pod is being deleted.
     pub terminating: AtomicBool,
+    /// The node it runs on.
+    pub node: String,
+    /// Its cgroup and CPU limit in cores (the quota is limit × node speed).
+    pub cgroup: std::sync::Mutex<Option<(Arc<Cgroup>, f64)>>,
 }
 
 fn now() -> String {
@@ -315,8 +319,12 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     )
     .await?;
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
-    let cores = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0)) * node.speed;
-    let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?;
+    let limit = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0));
+    let cores = limit * ctx.speed_of(&node_name);
+    let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?.map(Arc::new);
+    if let (Some(cg), Ok(mut slot)) = (&cgroup, running.cgroup.lock()) {
+        *slot = Some((cg.clone(), limit));
+    }
     let log_path = ctx.log_path(&ns, &pod_name);
     if let Some(dir) = log_path.parent() {
         std::fs::create_dir_all(dir)?;

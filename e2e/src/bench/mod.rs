@@ -1,0 +1,306 @@
+//! `heterotrain-bench` (`make bench`): policies × scenarios × models on the
+//! local control plane with simulated nodes, every rank also alone (the
+//! ideal), plan propagation latency, trainer vs PyTorch DDP, and operator
+//! scale; results as JSON, CSV, a markdown table and PNG plots.
+
+pub mod analysis;
+pub mod plots;
+pub mod report;
+pub mod runner;
+pub mod scale;
+
+use serde::{Deserialize, Serialize};
+
+use analysis::{Recovery, RunSummary};
+
+/// A node of a scenario: its name in the bench cluster and its speed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BenchNode {
+    pub name: String,
+    pub speed: f64,
+}
+
+/// A node slowing down mid-run and recovering.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Throttle {
+    /// Index of the node in the scenario.
+    pub node: usize,
+    /// Speed while throttled.
+    pub speed: f64,
+    /// When (share of the run's steps) it slows down and recovers.
+    pub at: f64,
+    pub restore: f64,
+}
+
+/// One cluster to train on.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub title: String,
+    pub nodes: Vec<BenchNode>,
+    pub throttle: Option<Throttle>,
+}
+
+impl Scenario {
+    pub fn speeds(&self) -> Vec<f64> {
+        self.nodes.iter().map(|n| n.speed).collect()
+    }
+}
+
+fn node(name: &str, speed: f64) -> BenchNode {
+    BenchNode {
+        name: name.into(),
+        speed,
+    }
+}
+
+/// The issue's four scenarios. Node names are unique across scenarios so
+/// that one cluster holds them all (the throttle scenario reuses the 2-node
+/// scenario's nodes).
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "two-node".into(),
+            title: "2 nodes, speeds 1.0 / 0.33".into(),
+            nodes: vec![node("two-fast", 1.0), node("two-slow", 0.33)],
+            throttle: None,
+        },
+        Scenario {
+            name: "four-node".into(),
+            title: "4 nodes, speeds 1.0 / 0.7 / 0.4 / 0.25".into(),
+            nodes: vec![
+                node("four-a", 1.0),
+                node("four-b", 0.7),
+                node("four-c", 0.4),
+                node("four-d", 0.25),
+            ],
+            throttle: None,
+        },
+        Scenario {
+            name: "throttle".into(),
+            title: "2 nodes 1.0 / 0.33; the fast one throttled to 0.4 for the middle third".into(),
+            nodes: vec![node("two-fast", 1.0), node("two-slow", 0.33)],
+            throttle: Some(Throttle {
+                node: 0,
+                speed: 0.4,
+                at: 1.0 / 3.0,
+                restore: 2.0 / 3.0,
+            }),
+        },
+        Scenario {
+            name: "homogeneous".into(),
+            title: "2 nodes, speeds 1.0 / 1.0 (control)".into(),
+            nodes: vec![node("same-a", 1.0), node("same-b", 1.0)],
+            throttle: None,
+        },
+    ]
+}
+
+/// The five policies, as job specs spell them.
+pub const POLICIES: [&str; 5] = [
+    "static",
+    "proportional",
+    "dynamic",
+    "hybrid",
+    "seed-formula",
+];
+
+/// A model and the run length used for it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelRun {
+    pub model: String,
+    pub global_batch: u32,
+    /// Steps of a cluster run (the throttle scenario runs 1.5× as many).
+    pub steps: u64,
+    /// Steps of a standalone (ideal) run.
+    pub standalone_steps: u64,
+    pub learning_rate: String,
+    pub synthetic_samples: u32,
+    /// Scenarios run with this model.
+    pub scenarios: Vec<String>,
+}
+
+/// Default model runs, sized so the whole bench takes about 20 minutes on
+/// a 2-core machine. `scale` shortens every run (`--quick`).
+pub fn model_runs(scale: f64) -> Vec<ModelRun> {
+    let s = |n: u64| ((n as f64 * scale).round() as u64).max(20);
+    vec![
+        ModelRun {
+            model: "simple_cnn".into(),
+            global_batch: 128,
+            steps: s(240),
+            standalone_steps: s(80),
+            learning_rate: "0.05".into(),
+            synthetic_samples: 8192,
+            scenarios: scenarios().into_iter().map(|s| s.name).collect(),
+        },
+        ModelRun {
+            model: "resnet18".into(),
+            global_batch: 32,
+            steps: s(50),
+            standalone_steps: s(20),
+            learning_rate: "0.01".into(),
+            synthetic_samples: 2048,
+            scenarios: vec!["two-node".into()],
+        },
+    ]
+}
+
+/// One rank alone on its node: the ideal's building block.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Standalone {
+    pub model: String,
+    pub node: String,
+    pub speed: f64,
+    pub batch: u32,
+    pub samples_per_second: f64,
+}
+
+/// Per-step series of a run, for plots (times relative to the first step).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Series {
+    /// End of each step, seconds since the first step started.
+    pub t: Vec<f64>,
+    /// Per rank, per step.
+    pub batches: Vec<Vec<u32>>,
+    pub compute_seconds: Vec<Vec<f64>>,
+    /// 10-step rolling samples/s (0 until 10 steps).
+    pub rolling_rate: Vec<f64>,
+}
+
+/// One cluster run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunResult {
+    pub model: String,
+    pub scenario: String,
+    pub policy: String,
+    pub nodes: Vec<String>,
+    pub speeds: Vec<f64>,
+    pub global_batch: u32,
+    pub summary: RunSummary,
+    /// Σ standalone samples/s of the ranks.
+    pub ideal: f64,
+    pub efficiency: f64,
+    pub speedup_vs_static: Option<f64>,
+    pub recovery: Option<Recovery>,
+    /// Throttle and restore times, seconds since the first step.
+    pub throttle_window: Option<(f64, f64)>,
+    /// Plan write → all ranks stepping on it, seconds, per plan change.
+    pub propagation_seconds: Vec<f64>,
+    pub wall_seconds: f64,
+    pub series: Series,
+}
+
+/// Trainer vs PyTorch DDP, one model.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DdpRow {
+    pub model: String,
+    pub ours: f64,
+    pub ddp: f64,
+    pub ratio: f64,
+}
+
+/// Operator scale at one job count.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScalePoint {
+    pub jobs: u32,
+    pub pods: u32,
+    /// Reconciles observed while reaching and holding this many jobs.
+    pub reconciles: u64,
+    pub reconcile_p50_seconds: Option<f64>,
+    pub reconcile_p99_seconds: Option<f64>,
+    pub rss_mib: Option<f64>,
+    /// Seconds from creating the jobs until all their pods were Running.
+    pub seconds_to_running: f64,
+}
+
+/// A target from the issue and whether this run met it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TargetCheck {
+    pub target: String,
+    pub measured: String,
+    pub met: Option<bool>,
+}
+
+/// Everything the bench measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Results {
+    pub started: String,
+    pub machine: String,
+    pub settings: serde_json::Value,
+    pub standalone: Vec<Standalone>,
+    pub runs: Vec<RunResult>,
+    pub propagation_p50_seconds: Option<f64>,
+    pub propagation_max_seconds: Option<f64>,
+    pub propagation_samples: usize,
+    pub ddp: Vec<DdpRow>,
+    pub scale: Vec<ScalePoint>,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+    pub total_seconds: f64,
+}
+
+/// Local batch of each rank in the split proportional to `speeds`
+/// (largest remainder), the batch a rank runs alone for the ideal.
+pub fn ideal_split(global: u32, speeds: &[f64]) -> Vec<u32> {
+    let total: f64 = speeds.iter().sum();
+    if speeds.is_empty() || total <= 0.0 {
+        return Vec::new();
+    }
+    let exact: Vec<f64> = speeds
+        .iter()
+        .map(|s| f64::from(global) * s / total)
+        .collect();
+    let mut b: Vec<u32> = exact.iter().map(|x| (x.floor() as u32).max(1)).collect();
+    let mut sum: u32 = b.iter().sum();
+    let mut order: Vec<usize> = (0..speeds.len()).collect();
+    order.sort_by(|&i, &j| (exact[j] - exact[j].floor()).total_cmp(&(exact[i] - exact[i].floor())));
+    let mut k = 0;
+    while sum < global {
+        b[order[k % order.len()]] += 1;
+        sum += 1;
+        k += 1;
+    }
+    while sum > global {
+        if let Some(i) = (0..b.len()).filter(|&i| b[i] > 1).max_by_key(|&i| b[i]) {
+            b[i] -= 1;
+            sum -= 1;
+        } else {
+            break;
+        }
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ideal_split_is_proportional_and_sums_to_the_global_batch() {
+        assert_eq!(ideal_split(128, &[1.0, 0.33]), vec![96, 32]);
+        let b = ideal_split(128, &[1.0, 0.7, 0.4, 0.25]);
+        assert_eq!(b.iter().sum::<u32>(), 128);
+        assert!(b.windows(2).all(|w| w[0] >= w[1]), "{b:?}");
+        assert_eq!(ideal_split(64, &[1.0, 1.0]), vec![32, 32]);
+        assert_eq!(ideal_split(3, &[1.0, 0.001, 0.001]), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn scenarios_use_distinct_nodes_except_the_throttle_reuse() {
+        let sc = scenarios();
+        assert_eq!(sc.len(), 4);
+        let t = sc.iter().find(|s| s.throttle.is_some()).unwrap();
+        let two = sc.iter().find(|s| s.name == "two-node").unwrap();
+        assert_eq!(t.nodes, two.nodes);
+        let mut all: Vec<&str> = sc
+            .iter()
+            .filter(|s| s.throttle.is_none())
+            .flat_map(|s| s.nodes.iter().map(|n| n.name.as_str()))
+            .collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+}

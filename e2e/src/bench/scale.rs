@@ -1,0 +1,346 @@
+//! Operator scale: N jobs × 8 ranks on simulated nodes that report pods
+//! Running without starting processes. Grows to each N in turn, waits until
+//! every pod runs, holds for a while, and reads the operator's reconcile
+//! histogram (`/metrics`) and its RSS (`/proc/<pid>/status`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::{stream, StreamExt};
+use heterotrain_crds::HeteroTrainingJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+use super::ScalePoint;
+use crate::nodesim::{NodeConfig, NodesFile};
+use crate::system::{System, SystemOptions};
+
+/// Ranks per job.
+pub const RANKS: u32 = 8;
+
+/// Nodes with room for `pods` pods that don't run processes.
+pub fn nodes_for(pods: u32) -> NodesFile {
+    let per_node = 250;
+    let n = pods.div_ceil(per_node).max(1);
+    NodesFile {
+        nodes: (0..n)
+            .map(|i| NodeConfig {
+                name: format!("scale-{i:02}"),
+                labels: BTreeMap::new(),
+                speed: 1.0,
+                cpu: "256".into(),
+                memory: "1Ti".into(),
+                gpus: 0,
+                gpu_product: None,
+                max_pods: per_node,
+                run_processes: false,
+            })
+            .collect(),
+    }
+}
+
+fn scale_job(name: &str) -> Result<HeteroTrainingJob> {
+    serde_json::from_value(json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": [{
+                "name": "cpu", "replicas": RANKS, "device": "cpu", "threads": 1,
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+            }],
+            "model": {"name": "simple_cnn"},
+            "dataset": {"name": "synthetic_image"},
+            "training": {"globalBatchSize": 256, "maxSteps": 1000000, "learningRate": "0.01"},
+            "loadBalancing": {"policy": "dynamic"}
+        }
+    }))
+    .context("building a scale job")
+}
+
+/// Cumulative histogram buckets (upper bound → count) of every series whose
+/// name contains `name` and ends in `_bucket`, summed over label sets.
+pub fn histogram(text: &str, name: &str) -> BTreeMap<u64, f64> {
+    let mut out: BTreeMap<u64, f64> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let metric = key.split('{').next().unwrap_or("");
+        if !metric.contains(name) || !metric.ends_with("_bucket") {
+            continue;
+        }
+        let Some(le) = key.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        let le: f64 = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            match le.parse() {
+                Ok(v) => v,
+                Err(_) => continue,
+            }
+        };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        *out.entry(le.to_bits()).or_default() += v;
+    }
+    out
+}
+
+/// `b - a` per bucket.
+pub fn delta(a: &BTreeMap<u64, f64>, b: &BTreeMap<u64, f64>) -> BTreeMap<u64, f64> {
+    b.iter()
+        .map(|(k, v)| (*k, v - a.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// The q-quantile of a cumulative histogram, linearly interpolated inside
+/// the bucket (as PromQL's `histogram_quantile`); None without observations.
+pub fn histogram_quantile(buckets: &BTreeMap<u64, f64>, q: f64) -> Option<f64> {
+    let mut b: Vec<(f64, f64)> = buckets
+        .iter()
+        .map(|(k, v)| (f64::from_bits(*k), *v))
+        .collect();
+    b.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let total = b.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, c) in &b {
+        if c >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            let in_bucket = c - prev.1;
+            let frac = if in_bucket > 0.0 {
+                (rank - prev.1) / in_bucket
+            } else {
+                1.0
+            };
+            return Some(prev.0 + (le - prev.0) * frac);
+        }
+        prev = (le, c);
+    }
+    Some(prev.0)
+}
+
+/// Observations in a cumulative histogram.
+pub fn histogram_count(buckets: &BTreeMap<u64, f64>) -> f64 {
+    buckets
+        .iter()
+        .map(|(k, v)| (f64::from_bits(*k), *v))
+        .filter(|(le, _)| le.is_infinite())
+        .map(|(_, v)| v)
+        .next()
+        .unwrap_or(0.0)
+}
+
+/// Resident set size of `pid`, MiB.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+fn operator_histogram(system: &System) -> Result<BTreeMap<u64, f64>> {
+    let port = system
+        .operator_http_port()
+        .ok_or_else(|| anyhow!("the operator is not running"))?;
+    let (code, body) = crate::prometheus::http_get(port, "/metrics")?;
+    if code != 200 {
+        bail!("operator /metrics answered {code}");
+    }
+    Ok(histogram(&body, "reconcile_duration"))
+}
+
+async fn running_pods(api: &Api<Pod>) -> Result<usize> {
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count())
+}
+
+/// Grow to each of `counts` jobs in turn and measure. `hold`: time spent
+/// at each size after every pod runs. `say` prints progress.
+pub async fn run(
+    counts: &[u32],
+    hold: Duration,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<ScalePoint>> {
+    let max = counts.iter().copied().max().unwrap_or(0);
+    say(&format!(
+        "==> operator scale: starting a control plane with nodes for {} pods",
+        max * RANKS
+    ));
+    let mut system = System::start(SystemOptions {
+        name: "bench-scale".into(),
+        nodes: nodes_for(max * RANKS),
+        operator_args: vec![],
+        prometheus: false,
+        state_dir: None,
+        verbose: false,
+    })
+    .await?;
+    let out = grow(&system, counts, hold, say).await;
+    system.stop().await;
+    out
+}
+
+async fn grow(
+    system: &System,
+    counts: &[u32],
+    hold: Duration,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<ScalePoint>> {
+    let ns = "scale";
+    system.create_namespace(ns).await?;
+    let client = system.client().await?;
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // Let the operator come up.
+    let t = Instant::now();
+    while system.operator_http_port().is_none() || operator_histogram(system).is_err() {
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("the operator's /metrics did not answer in 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut have = 0u32;
+    let mut points = Vec::new();
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    for &n in &sorted {
+        let before = operator_histogram(system)?;
+        let t0 = Instant::now();
+        say(&format!(
+            "    creating jobs {}..{} ({} pods in all)",
+            have,
+            n,
+            n * RANKS
+        ));
+        let names: Vec<String> = (have..n).map(|i| format!("scale-{i:04}")).collect();
+        let results: Vec<Result<()>> = stream::iter(names)
+            .map(|name| {
+                let jobs = jobs.clone();
+                async move {
+                    let j = scale_job(&name)?;
+                    jobs.create(&PostParams::default(), &j)
+                        .await
+                        .with_context(|| format!("creating {name}"))?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        for r in results {
+            r?;
+        }
+        have = n;
+        let want = (n * RANKS) as usize;
+        let mut last_report = Instant::now();
+        loop {
+            let running = running_pods(&pods).await.unwrap_or(0);
+            if running >= want {
+                break;
+            }
+            if last_report.elapsed() > Duration::from_secs(15) {
+                say(&format!(
+                    "    {running}/{want} pods Running after {:.0} s",
+                    t0.elapsed().as_secs_f64()
+                ));
+                last_report = Instant::now();
+            }
+            if t0.elapsed() > Duration::from_secs(900) {
+                bail!("only {running} of {want} pods Running after 15 minutes");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let to_running = t0.elapsed().as_secs_f64();
+        say(&format!(
+            "    {n} jobs: all {want} pods Running after {to_running:.0} s; holding {:.0} s",
+            hold.as_secs_f64()
+        ));
+        tokio::time::sleep(hold).await;
+        let after = operator_histogram(system)?;
+        let d = delta(&before, &after);
+        let p = ScalePoint {
+            jobs: n,
+            pods: n * RANKS,
+            reconciles: histogram_count(&d) as u64,
+            reconcile_p50_seconds: histogram_quantile(&d, 0.5),
+            reconcile_p99_seconds: histogram_quantile(&d, 0.99),
+            rss_mib: system.operator_pid().and_then(rss_mib),
+            seconds_to_running: to_running,
+        };
+        say(&format!(
+            "    {n} jobs: {} reconciles, p50 {:.1} ms, p99 {:.1} ms, RSS {:.1} MiB",
+            p.reconciles,
+            p.reconcile_p50_seconds.unwrap_or(f64::NAN) * 1000.0,
+            p.reconcile_p99_seconds.unwrap_or(f64::NAN) * 1000.0,
+            p.rss_mib.unwrap_or(f64::NAN)
+        ));
+        points.push(p);
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP x\n\
+heterotrain_operator_reconcile_duration_seconds_bucket{le=\"0.005\"} 50\n\
+heterotrain_operator_reconcile_duration_seconds_bucket{le=\"0.01\"} 90\n\
+heterotrain_operator_reconcile_duration_seconds_bucket{le=\"0.02\"} 100\n\
+heterotrain_operator_reconcile_duration_seconds_bucket{le=\"+Inf\"} 100\n\
+heterotrain_operator_reconcile_duration_seconds_sum 0.7\n\
+heterotrain_operator_reconcile_duration_seconds_count 100\n\
+heterotrain_operator_other_bucket{le=\"0.005\"} 7\n";
+
+    #[test]
+    fn histogram_quantiles_interpolate_inside_buckets() {
+        let h = histogram(TEXT, "reconcile_duration");
+        assert_eq!(h.len(), 4);
+        assert_eq!(histogram_count(&h), 100.0);
+        // p50: 50th of 100 → end of the first bucket.
+        assert!((histogram_quantile(&h, 0.5).unwrap() - 0.005).abs() < 1e-12);
+        // p99: 99th → 9/10 into (0.01, 0.02].
+        assert!((histogram_quantile(&h, 0.99).unwrap() - 0.019).abs() < 1e-12);
+        // A delta against an earlier scrape only counts what happened since.
+        let earlier = histogram(&TEXT.replace(" 100\n", " 95\n"), "reconcile_duration");
+        let d = delta(&earlier, &h);
+        assert_eq!(histogram_count(&d), 5.0);
+        assert!(histogram_quantile(&d, 0.5).unwrap() > 0.01);
+        assert_eq!(histogram_quantile(&BTreeMap::new(), 0.5), None);
+    }
+
+    #[test]
+    fn nodes_hold_every_pod() {
+        let f = nodes_for(4000);
+        let room: u32 = f.nodes.iter().map(|n| n.max_pods).sum();
+        assert!(room >= 4000);
+        assert!(f.nodes.iter().all(|n| !n.run_processes));
+    }
+
+    #[test]
+    fn rss_of_this_process() {
+        let m = rss_mib(std::process::id()).unwrap();
+        assert!(m > 1.0 && m < 100_000.0, "{m}");
+    }
+}
