@@ -338,7 +338,8 @@ pub enum Schedule {
 pub struct LoadBalancingSpec {
     /// `static`: equal split (the baseline). `proportional`: from the
     /// start-up profile. `dynamic`: from live measurements. `hybrid`: profile
-    /// first, live measurements weighted in as they accrue.
+    /// first, live measurements weighted in as they accrue. `seed-formula`:
+    /// the prototype's scoring formula, kept as a benchmark baseline.
     #[serde(default)]
     pub policy: BalancePolicy,
     /// Steps between rebalancing decisions.
@@ -661,4 +662,26 @@ fn default_checkpoint_path() -> String {
 }
 fn default_backoff() -> u32 {
     3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_round_trip_by_their_spelling() {
+        for (text, p) in [
+            ("static", BalancePolicy::Static),
+            ("proportional", BalancePolicy::Proportional),
+            ("dynamic", BalancePolicy::Dynamic),
+            ("hybrid", BalancePolicy::Hybrid),
+            ("seed-formula", BalancePolicy::SeedFormula),
+        ] {
+            let parsed: BalancePolicy = serde_json::from_value(serde_json::json!(text)).unwrap();
+            assert_eq!(parsed, p);
+            assert_eq!(p.as_str(), text);
+            assert_eq!(serde_json::to_value(p).unwrap(), serde_json::json!(text));
+        }
+        assert!(serde_json::from_value::<BalancePolicy>(serde_json::json!("seedformula")).is_err());
+    }
 }

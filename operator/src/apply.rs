@@ -75,13 +75,17 @@ pub async fn pod(client: &Client, ns: &str, pod: &Pod) -> Result<()> {
 /// Delete pods by name; already-gone pods are fine.
 pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    for name in names {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+    let deletes = names.iter().map(|name| {
+        let api = api.clone();
+        async move {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok::<(), Error>(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         }
-    }
+    });
+    futures::future::try_join_all(deletes).await?;
     Ok(())
 }
 

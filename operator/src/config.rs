@@ -25,6 +25,8 @@ pub struct OperatorConfig {
     pub scrape_timeout: Duration,
     /// Least time between two balancing decisions of one job.
     pub rebalance_interval: Duration,
+    /// Jobs reconciled at the same time.
+    pub concurrency: u16,
     /// Live samples the balancer keeps per rank (each sample is one scrape
     /// interval's mean step, so fewer than the balancer's default suffice).
     pub balancer_window: usize,
@@ -61,6 +63,7 @@ impl Default for OperatorConfig {
             scrape_interval: Duration::from_secs(10),
             scrape_timeout: Duration::from_secs(3),
             rebalance_interval: Duration::from_secs(30),
+            concurrency: 16,
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,

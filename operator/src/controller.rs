@@ -159,7 +159,9 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     }
 
     // Fetch and decide.
+    let t_start = std::time::Instant::now();
     let obs = fetch::fetch(client, &ns, &name).await?;
+    let t_fetch = t_start.elapsed();
     let d = lifecycle::decide(job, &obs, &now);
     let plan_now = obs.plan.clone().filter(|p| {
         p.validate_for(
@@ -195,14 +197,18 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
             apply::plan(client, &ns, &desired.plan).await?;
             plan_written = Some(initial);
         }
-        for pod in desired.pods.iter().filter(|p| {
-            p.labels()
-                .get(labels::RANK)
-                .and_then(|r| r.parse::<u32>().ok())
-                .is_some_and(|r| d.create_ranks.contains(&r))
-        }) {
-            apply::pod(client, &ns, pod).await?;
-        }
+        // All missing ranks at once: one round trip of latency, not one per rank.
+        let creates = desired
+            .pods
+            .iter()
+            .filter(|p| {
+                p.labels()
+                    .get(labels::RANK)
+                    .and_then(|r| r.parse::<u32>().ok())
+                    .is_some_and(|r| d.create_ranks.contains(&r))
+            })
+            .map(|pod| apply::pod(client, &ns, pod));
+        futures::future::try_join_all(creates).await?;
     }
     for e in &d.events {
         ctx.event(job, e).await;
@@ -213,6 +219,7 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         return Ok(Action::await_change());
     }
 
+    let t_apply = t_start.elapsed();
     // Balance.
     let mut extras = Extras {
         plan: plan_written.or(plan_now),
@@ -226,9 +233,18 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         }
     }
 
+    let t_balance = t_start.elapsed();
     // Status.
     let next = status::next(job, &d, &obs, &extras, &now_t);
-    status::patch_if_changed(client, job, &next).await?;
+    let patched = status::patch_if_changed(client, job, &next).await?;
+    tracing::debug!(
+        fetch_ms = t_fetch.as_millis() as u64,
+        apply_ms = (t_apply - t_fetch).as_millis() as u64,
+        balance_ms = (t_balance - t_apply).as_millis() as u64,
+        status_ms = (t_start.elapsed() - t_balance).as_millis() as u64,
+        patched,
+        "reconcile timing"
+    );
 
     let mut requeue = d.requeue_after.unwrap_or(Duration::from_secs(300));
     if d.balance {
@@ -346,6 +362,9 @@ pub async fn run_controller(
         };
     }
     Controller::new_with(jobs, watcher::Config::default(), ar)
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(ctx.config.concurrency),
+        )
         .owns(api!(Pod), owned.clone())
         .owns(api!(Service), owned.clone())
         .owns(api!(ConfigMap), owned)

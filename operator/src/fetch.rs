@@ -99,8 +99,17 @@ pub struct Observed {
 /// Read pods (by job label) and the plan ConfigMap of `job` in `namespace`.
 pub async fn fetch(client: &Client, namespace: &str, job: &str) -> Result<Observed> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    // From the API server's watch cache (resourceVersion 0), which filters
+    // by label in memory: a quorum list would read every pod of the
+    // namespace from etcd on each reconcile, which sinks the API server at
+    // a few thousand pods. The cache is at most moments behind, like an
+    // informer's, and every pod change triggers another reconcile anyway.
     let list = pods
-        .list(&ListParams::default().labels(&names::job_selector(job)))
+        .list(
+            &ListParams::default()
+                .labels(&names::job_selector(job))
+                .match_any(),
+        )
         .await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let cm = cms.get_opt(&names::plan_configmap(job)).await?;

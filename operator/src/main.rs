@@ -45,6 +45,11 @@ struct Cli {
     /// Least seconds between two balancing decisions of one job.
     #[arg(long, env = "HETEROTRAIN_REBALANCE_INTERVAL", default_value_t = 30.0)]
     rebalance_interval: f64,
+    /// Jobs reconciled at the same time (each reconcile is a few API calls;
+    /// bounding them keeps bursts, e.g. hundreds of jobs created at once,
+    /// from queueing every reconcile behind all the others at the API server).
+    #[arg(long, env = "HETEROTRAIN_CONCURRENCY", default_value_t = 16)]
+    concurrency: u16,
     /// Only watch this namespace (default: all namespaces).
     #[arg(long, env = "HETEROTRAIN_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -94,6 +99,11 @@ async fn main() -> anyhow::Result<()> {
         scrape_interval: secs(cli.scrape_interval, "scrape-interval")?,
         scrape_timeout: secs(cli.scrape_timeout, "scrape-timeout")?,
         rebalance_interval: secs(cli.rebalance_interval, "rebalance-interval")?,
+        concurrency: if cli.concurrency == 0 {
+            anyhow::bail!("--concurrency must be at least 1")
+        } else {
+            cli.concurrency
+        },
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
         watch_namespace: cli.namespace,

@@ -205,12 +205,20 @@ pub struct DdpRow {
 pub struct ScalePoint {
     pub jobs: u32,
     pub pods: u32,
-    /// Reconciles observed while reaching and holding this many jobs.
+    /// Reconciles while holding this many jobs, all pods Running.
     pub reconciles: u64,
     pub reconcile_p50_seconds: Option<f64>,
     pub reconcile_p99_seconds: Option<f64>,
+    /// Reconciles from creating the new jobs until all their pods ran.
+    #[serde(default)]
+    pub burst_reconciles: u64,
+    #[serde(default)]
+    pub burst_p50_seconds: Option<f64>,
+    #[serde(default)]
+    pub burst_p99_seconds: Option<f64>,
     pub rss_mib: Option<f64>,
-    /// Seconds from creating the jobs until all their pods were Running.
+    /// Seconds from creating the jobs until every pod ran and the operator
+    /// reported every job Running.
     pub seconds_to_running: f64,
 }
 
