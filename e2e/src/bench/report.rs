@@ -122,6 +122,33 @@ pub fn check_targets(r: &Results, rebalance_interval: f64) -> Vec<TargetCheck> {
     out
 }
 
+/// (step ms, slowest rank's compute ms) over the steady state: the step
+/// from the steady rate, the compute as the mean over steps of the largest
+/// rank's compute time. The difference is all-reduce and synchronisation.
+/// None for the throttle scenario, whose rate spans its phases.
+pub fn step_split(x: &RunResult) -> Option<(f64, f64)> {
+    if x.recovery.is_some() || x.summary.samples_per_second <= 0.0 {
+        return None;
+    }
+    let n = x.series.t.len();
+    let from = n - ((n as f64) * super::analysis::STEADY_FRACTION).ceil() as usize;
+    let maxes: Vec<f64> = (from..n)
+        .map(|i| {
+            x.series
+                .compute_seconds
+                .iter()
+                .filter_map(|c| c.get(i).copied())
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    if maxes.is_empty() {
+        return None;
+    }
+    let compute = maxes.iter().sum::<f64>() / maxes.len() as f64;
+    let step = f64::from(x.global_batch) / x.summary.samples_per_second;
+    Some((step * 1000.0, compute * 1000.0))
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "-".into())
@@ -139,20 +166,21 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "## Throughput per policy and scenario\n");
     let _ = writeln!(
         s,
-        "Samples/s over the steady state (the last half of the steps); ideal = Σ of each rank's samples/s alone on its node; × static = against the equal split in the same scenario.\n"
+        "Samples/s over the steady state (the last half of the steps); ideal = Σ of each rank's samples/s alone on its node (no communication); × static = against the equal split in the same scenario; step = the steady step time, of which compute = the slowest rank's compute (mean over steps), the rest being all-reduce and synchronisation.\n"
     );
     let _ = writeln!(
         s,
-        "| model | scenario | policy | samples/s | ideal | efficiency | × static | steps to 95% | plan changes | balance CV | final plan | final loss | accuracy |"
+        "| model | scenario | policy | samples/s | ideal | efficiency | × static | step | compute | steps to 95% | plan changes | balance CV | final plan | final loss | accuracy |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
     );
     for x in &r.runs {
+        let split = step_split(x);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {:.1}% | {:?} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {:.1}% | {:?} | {} | {} |",
             x.model,
             x.scenario,
             x.policy,
@@ -160,6 +188,8 @@ pub fn markdown(r: &Results) -> String {
             x.ideal,
             x.efficiency,
             opt(x.speedup_vs_static, 2),
+            split.map(|v| format!("{:.1} ms", v.0)).unwrap_or_else(|| "-".into()),
+            split.map(|v| format!("{:.1} ms", v.1)).unwrap_or_else(|| "-".into()),
             x.summary
                 .steps_to_95
                 .map(|v| v.to_string())
@@ -364,6 +394,23 @@ mod tests {
             wall_seconds: 1.0,
             series: Series::default(),
         }
+    }
+
+    #[test]
+    fn step_split_separates_compute_from_the_rest() {
+        let mut x = run("two-node", "dynamic", 1280.0, 1500.0, Some(2.0));
+        // 4 steps; the steady half is the last 2: slowest ranks 40 and 60 ms.
+        x.series = Series {
+            t: vec![0.1, 0.2, 0.3, 0.4],
+            batches: vec![vec![64; 4], vec![64; 4]],
+            compute_seconds: vec![vec![0.09, 0.09, 0.04, 0.01], vec![0.01, 0.01, 0.02, 0.06]],
+            rolling_rate: vec![0.0; 4],
+        };
+        let (step, compute) = step_split(&x).unwrap();
+        assert!((step - 100.0).abs() < 1e-9, "128 / 1280 samples/s = 100 ms");
+        assert!((compute - 50.0).abs() < 1e-9, "{compute}");
+        x.recovery = Some(Recovery::default());
+        assert_eq!(step_split(&x), None);
     }
 
     #[test]
