@@ -42,13 +42,13 @@ crds: ## regenerate crds/heterotrainingjob.yaml from the Rust types
 	@echo "wrote crds/heterotrainingjob.yaml"
 
 demo: setup ## the whole system on this machine (see README)
-	@bash e2e/scripts/demo.sh
+	@bash e2e/scripts/release.sh heterotrain-demo
 
 demo-down: ## stop the demo's local control plane
 	@$(CARGO) run -q --release -p heterotrain-e2e --bin heterotrain-demo -- --down
 
 bench: setup ## policies × scenarios on simulated nodes, DDP, operator scale → out/bench (BENCH_ARGS=--quick …)
-	@bash e2e/scripts/bench.sh $(BENCH_ARGS)
+	@bash e2e/scripts/release.sh heterotrain-bench $(BENCH_ARGS)
 
 bench-balancer: setup ## balancer efficiency per policy and plan time at scale
 	@$(CARGO) run -q --release -p heterotrain-balancer --bin heterotrain-bench-balancer

@@ -337,21 +337,6 @@ async fn training(cli: &Cli, st: &mut State, out: &Path) -> Result<()> {
         .into_iter()
         .filter(|s| cli.scenarios.contains(&s.name))
         .collect();
-    for m in &cli.models {
-        if !model_runs(1.0).iter().any(|x| &x.model == m) {
-            bail!("unknown model {m:?} (simple_cnn, resnet18)");
-        }
-    }
-    for s in &cli.scenarios {
-        if !bench::scenarios().iter().any(|x| &x.name == s) {
-            bail!("unknown scenario {s:?} (two-node, four-node, throttle, homogeneous)");
-        }
-    }
-    for p in &cli.policies {
-        if !POLICIES.contains(&p.as_str()) {
-            bail!("unknown policy {p:?} ({})", POLICIES.join(", "));
-        }
-    }
     let mut policies: Vec<&str> = POLICIES
         .iter()
         .copied()
@@ -491,7 +476,28 @@ fn parse_ddp(text: &str) -> Vec<DdpRow> {
         .collect()
 }
 
+/// Reject unknown names before starting anything.
+fn validate(cli: &Cli) -> Result<()> {
+    for m in &cli.models {
+        if !model_runs(1.0).iter().any(|x| &x.model == m) {
+            bail!("unknown model {m:?} (simple_cnn, resnet18)");
+        }
+    }
+    for s in &cli.scenarios {
+        if !bench::scenarios().iter().any(|x| &x.name == s) {
+            bail!("unknown scenario {s:?} (two-node, four-node, throttle, homogeneous)");
+        }
+    }
+    for p in &cli.policies {
+        if !POLICIES.contains(&p.as_str()) {
+            bail!("unknown policy {p:?} ({})", POLICIES.join(", "));
+        }
+    }
+    Ok(())
+}
+
 async fn main_inner(cli: Cli) -> Result<()> {
+    validate(&cli)?;
     let t0 = Instant::now();
     let out = cli.out.clone();
     if cli.plots_only {
@@ -597,6 +603,28 @@ async fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_names_are_rejected_before_anything_starts() {
+        let ok = Cli::try_parse_from([
+            "b",
+            "--models",
+            "simple_cnn",
+            "--policies",
+            "dynamic,seed-formula",
+        ])
+        .unwrap();
+        assert!(validate(&ok).is_ok());
+        for args in [
+            ["b", "--models", "gpt5"],
+            ["b", "--scenarios", "moon"],
+            ["b", "--policies", "fastest"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let e = validate(&cli).unwrap_err().to_string();
+            assert!(e.starts_with("unknown "), "{e}");
+        }
+    }
 
     #[test]
     fn parses_the_ddp_script_table() {

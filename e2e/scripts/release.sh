@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# `make demo`: the whole system on this machine (see README). Pass --down to stop it.
+# Build the release binaries (trainer, operator, local control plane, demo,
+# bench) and run one of them: `release.sh heterotrain-demo [args]` is
+# `make demo`, `release.sh heterotrain-bench [args]` is `make bench`.
 set -euo pipefail
+BIN="${1:?usage: release.sh <heterotrain-demo|heterotrain-bench> [args...]}"
+shift
 CACHE="${HETEROTRAIN_CACHE:-$HOME/.cache/heterotrain}"
 source "$CACHE/env.sh"
 cd "$(dirname "$0")/../.."
@@ -8,4 +12,4 @@ T0=$(date +%s)
 echo "==> building release binaries (trainer, operator, local control plane; first time several minutes)"
 cargo build --release -p heterotrain-trainer -p heterotrain-operator -p heterotrain-e2e
 echo "==> built in $(( $(date +%s) - T0 ))s"
-exec "$CARGO_TARGET_DIR/release/heterotrain-demo" "$@"
+exec "$CARGO_TARGET_DIR/release/$BIN" "$@"
