@@ -208,6 +208,11 @@ pub enum ModelName {
 }
 
 impl ModelName {
+    /// Whether the architecture has BatchNorm layers.
+    pub fn has_batch_norm(&self) -> bool {
+        matches!(self, ModelName::Resnet18 | ModelName::Resnet50)
+    }
+
     /// The name as the trainer's `--model` flag spells it.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -306,6 +311,36 @@ pub struct TrainingSpec {
     /// Seed for initialisation, shuffling and synthetic data.
     #[serde(default)]
     pub seed: u64,
+    /// BatchNorm statistics in training (resnet18, resnet50). `sync`
+    /// (default): each layer normalises with the whole global batch's
+    /// statistics, all-reduced across ranks in forward and backward, so
+    /// training equals one process with batch B under any split. `local`:
+    /// per-rank statistics (no extra collectives, results depend on the
+    /// split); every rank then gets at least 2 samples and running
+    /// statistics are averaged across ranks, weighted by local batch.
+    #[serde(default)]
+    pub batch_norm: BatchNormMode,
+}
+
+/// How BatchNorm layers compute batch statistics in training.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchNormMode {
+    /// Global-batch statistics (exact under any split).
+    #[default]
+    Sync,
+    /// Per-rank statistics (local batches of at least 2).
+    Local,
+}
+
+impl BatchNormMode {
+    /// The name as the trainer's `--batch-norm` flag spells it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BatchNormMode::Sync => "sync",
+            BatchNormMode::Local => "local",
+        }
+    }
 }
 
 /// Optimizer kinds.
@@ -612,6 +647,20 @@ impl Default for RunPolicy {
 }
 
 impl HeteroTrainingJobSpec {
+    /// The smallest local batch a plan may give any rank: `minLocalBatch`,
+    /// raised to 2 for per-rank (`local`) BatchNorm on a BatchNorm model
+    /// (one sample has no variance).
+    pub fn effective_min_local_batch(&self) -> u32 {
+        let floor = if self.model.name.has_batch_norm()
+            && self.training.batch_norm == BatchNormMode::Local
+        {
+            2
+        } else {
+            1
+        };
+        self.load_balancing.min_local_batch.max(floor)
+    }
+
     /// Total number of ranks over all groups.
     pub fn world_size(&self) -> u32 {
         self.workers.iter().map(|g| g.replicas).sum()

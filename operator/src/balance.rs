@@ -25,7 +25,7 @@ pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) ->
     BalancerConfig {
         policy,
         global_batch_size: spec.training.global_batch_size,
-        min_local_batch: lb.min_local_batch,
+        min_local_batch: spec.effective_min_local_batch(),
         max_local_batch: lb.max_local_batch,
         min_gain_percent: lb.min_gain_percent.min(100),
         straggler_factor: (f64::from(lb.straggler_threshold_percent) / 100.0).max(1.01),
@@ -213,5 +213,54 @@ impl JobBalancer {
             reason: d.reason,
             gain_percent: d.gain_percent,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heterotrain_crds::HeteroTrainingJob;
+
+    fn spec(batch_norm: &str) -> HeteroTrainingJobSpec {
+        let yaml = format!(
+            r#"
+apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: job, namespace: ns}}
+spec:
+  workers: [{{name: cpu, replicas: 2}}]
+  model: {{name: resnet18}}
+  dataset: {{name: synthetic_image}}
+  training: {{globalBatchSize: 32, maxSteps: 5, batchNorm: {batch_norm}}}
+"#
+        );
+        let job: HeteroTrainingJob = serde_yaml::from_str(&yaml).expect("job");
+        job.spec
+    }
+
+    /// Rank 1 is 200× slower: the best split gives it one sample, which
+    /// per-rank BatchNorm cannot use; the balancer is floored at 2 then.
+    fn decide_with_a_very_slow_rank(batch_norm: &str) -> Vec<u32> {
+        let s = spec(batch_norm);
+        let mut b = Balancer::new(config_of(&s, Policy::Dynamic, 8), 2).expect("balancer");
+        for batch in [8u32, 16, 24, 8, 16, 24] {
+            let n = f64::from(batch);
+            b.observe_step(0, batch, 0.001 * n).expect("observe");
+            b.observe_step(1, batch, 0.2 * n).expect("observe");
+        }
+        b.decide(&[16, 16])
+            .expect("decide")
+            .plan
+            .expect("a new plan")
+    }
+
+    #[test]
+    fn local_batch_norm_floors_the_split_at_two() {
+        assert_eq!(spec("local").effective_min_local_batch(), 2);
+        assert_eq!(spec("sync").effective_min_local_batch(), 1);
+        let synced = decide_with_a_very_slow_rank("sync");
+        assert_eq!(synced, vec![31, 1], "sync may give a rank one sample");
+        let local = decide_with_a_very_slow_rank("local");
+        assert_eq!(local, vec![30, 2], "local BatchNorm keeps 2 per rank");
     }
 }

@@ -178,13 +178,33 @@ pub fn validate(
 
     let lb = &spec.load_balancing;
     let t = &spec.training;
-    let min_sum = ranks * u64::from(lb.min_local_batch);
-    if u64::from(t.global_batch_size) < min_sum {
+    let min_local = spec.effective_min_local_batch();
+    let min_sum = ranks * u64::from(min_local);
+    if min_local > lb.min_local_batch && u64::from(t.global_batch_size) < min_sum {
+        bad(
+            "spec.training.batchNorm",
+            format!(
+                "batchNorm local gives each rank its own BatchNorm statistics, which need at least 2 samples per rank, but global batch {} over {ranks} ranks cannot give every rank 2; use batchNorm: sync (exact under any split) or raise globalBatchSize to at least {min_sum}",
+                t.global_batch_size
+            ),
+        );
+    } else if u64::from(t.global_batch_size) < min_sum {
         bad(
             "spec.training.globalBatchSize",
             format!(
                 "global batch {} is below {ranks} ranks × minLocalBatch {} = {min_sum}; raise globalBatchSize or lower minLocalBatch/replicas",
                 t.global_batch_size, lb.min_local_batch
+            ),
+        );
+    }
+    if let Some(max) = lb
+        .max_local_batch
+        .filter(|&m| m < min_local && min_local > lb.min_local_batch)
+    {
+        bad(
+            "spec.loadBalancing.maxLocalBatch",
+            format!(
+                "maxLocalBatch {max} is below 2, the smallest local batch batchNorm local allows; use batchNorm: sync or raise maxLocalBatch"
             ),
         );
     }

@@ -310,3 +310,61 @@ extern "C" {
 // c10's own log threshold (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL).
 void ht_set_log_level(int level) { FLAGS_caffe2_log_level = level; }
 }
+
+// ---------------------------------------------------------------------------
+// A differentiable SUM all-reduce: forward returns the sum over ranks of x,
+// backward returns the sum over ranks of the incoming gradient. Synchronised
+// BatchNorm reduces its per-channel sums through it, so autograd carries the
+// cross-rank terms of the backward pass (the global sums of dy and dy·x̂).
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace {
+
+void allreduce_staged(HtGroup* g, at::Tensor& t) {
+  bool staged = false;
+  at::Tensor work = t;
+#ifdef HT_USE_NCCL
+  if (t.is_cuda() && !g->nccl) staged = true;
+#else
+  if (t.is_cuda()) staged = true;
+#endif
+  if (staged) work = t.to(at::kCPU);
+  std::vector<at::Tensor> ts{work};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = g->timeout;
+  wait_work(backend_for(g, work).allreduce(ts, o), g->timeout);
+  if (staged) t.copy_(work);
+}
+
+struct HtAllReduceSum : public torch::autograd::Function<HtAllReduceSum> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t handle) {
+    ctx->saved_data["pg"] = handle;
+    auto y = x.detach().contiguous().clone();
+    allreduce_staged(reinterpret_cast<HtGroup*>(handle), y);
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto g = reinterpret_cast<HtGroup*>(ctx->saved_data["pg"].toInt());
+    auto dy = grads[0].contiguous().clone();
+    allreduce_staged(g, dy);
+    return {dy, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+extern "C" {
+// *out = all-reduce-sum(*x) with autograd (see HtAllReduceSum); the caller
+// owns *out. Errors in the backward pass surface from the backward call.
+int ht_allreduce_sum_autograd(void* h, at::Tensor* x, at::Tensor** out, char* err,
+                              size_t err_len) {
+  *out = nullptr;
+  return guarded(err, err_len, [&] {
+    auto y = HtAllReduceSum::apply(*x, reinterpret_cast<int64_t>(h));
+    *out = new at::Tensor(std::move(y));
+  });
+}
+}

@@ -3,6 +3,7 @@
 //! when built with the `nccl` feature) collectives on tch tensors.
 
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tch::{Device, Tensor};
@@ -55,6 +56,13 @@ extern "C" {
         len: usize,
     ) -> c_int;
     fn ht_pg_barrier(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_allreduce_sum_autograd(
+        h: *mut c_void,
+        x: *mut c_void,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn ht_set_deterministic(on: c_int);
     fn ht_set_log_level(level: c_int);
 }
@@ -334,5 +342,92 @@ impl Drop for ProcessGroup {
     fn drop(&mut self) {
         // SAFETY: handle came from ht_pg_create and is dropped once.
         unsafe { ht_pg_destroy(self.handle) }
+    }
+}
+
+/// A late-bound link from modules (built before the group exists) to the
+/// process group, for collectives inside forward and backward
+/// (synchronised BatchNorm). Unbound — a single process — means "no group".
+#[derive(Clone, Debug, Default)]
+pub struct GroupSlot {
+    inner: Arc<Mutex<SlotState>>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    /// The live group's handle as an address (0: unbound).
+    handle: usize,
+    /// The first collective failure seen inside forward, for the caller.
+    error: Option<String>,
+}
+
+/// Keeps a [`GroupSlot`] bound to a group; unbinds when dropped.
+pub struct SlotBinding<'a> {
+    slot: GroupSlot,
+    _pg: std::marker::PhantomData<&'a ProcessGroup>,
+}
+
+impl Drop for SlotBinding<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.slot.inner.lock() {
+            s.handle = 0;
+        }
+    }
+}
+
+impl GroupSlot {
+    /// Bind to `pg` for as long as the returned binding lives.
+    pub fn bind<'a>(&self, pg: &'a ProcessGroup) -> SlotBinding<'a> {
+        if let Ok(mut s) = self.inner.lock() {
+            s.handle = pg.handle as usize;
+            s.error = None;
+        }
+        SlotBinding {
+            slot: self.clone(),
+            _pg: std::marker::PhantomData,
+        }
+    }
+
+    /// Whether a group is bound (more than one process).
+    pub fn is_bound(&self) -> bool {
+        self.inner.lock().map(|s| s.handle != 0).unwrap_or(false)
+    }
+
+    /// SUM of `x` over ranks, differentiable: the backward pass SUMs the
+    /// incoming gradient over ranks too, so every rank must run the same
+    /// forward and backward sequence. `None` when unbound. A failed
+    /// collective is recorded (see [`GroupSlot::take_error`]) and yields NaN.
+    pub fn all_reduce_sum_autograd(&self, x: &Tensor) -> Option<Tensor> {
+        let mut s = self.inner.lock().ok()?;
+        if s.handle == 0 {
+            return None;
+        }
+        let mut input = x.shallow_clone();
+        let mut out: *mut c_void = std::ptr::null_mut();
+        let mut buf = vec![0 as c_char; ERR_LEN];
+        // SAFETY: the handle is live while bound (SlotBinding borrows the
+        // group); input is a live at::Tensor*; out receives a new one we own.
+        let rc = unsafe {
+            ht_allreduce_sum_autograd(
+                s.handle as *mut c_void,
+                input.as_mut_ptr() as *mut c_void,
+                &mut out,
+                buf.as_mut_ptr(),
+                ERR_LEN,
+            )
+        };
+        if rc != 0 || out.is_null() {
+            if s.error.is_none() {
+                s.error = Some(err_text(&buf));
+            }
+            return Some(x.detach().full_like(f64::NAN));
+        }
+        // SAFETY: out is a heap at::Tensor* whose ownership passes to tch.
+        Some(unsafe { Tensor::from_ptr(out as *mut _) })
+    }
+
+    /// The first collective error recorded since the last call.
+    pub fn take_error(&self) -> Option<String> {
+        self.inner.lock().ok().and_then(|mut s| s.error.take())
     }
 }

@@ -47,6 +47,28 @@ pub enum ModelKind {
     Gpt,
 }
 
+impl ModelKind {
+    /// Whether the architecture has BatchNorm layers.
+    pub fn has_batch_norm(self) -> bool {
+        matches!(self, ModelKind::Resnet18 | ModelKind::Resnet50)
+    }
+}
+
+/// How BatchNorm layers compute batch statistics in training.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum BatchNormMode {
+    /// Statistics of the whole global batch, all-reduced in forward and
+    /// backward: exactly one process with batch B, whatever the split.
+    Sync,
+    /// Per-rank statistics (no extra collectives; results depend on the
+    /// split, and every local batch must be at least 2). Running statistics
+    /// are averaged across ranks, weighted by local batch, before
+    /// evaluation and checkpoints.
+    Local,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
@@ -112,6 +134,13 @@ pub struct TrainConfig {
     /// gpt (alias `--width`).
     #[arg(long, alias = "width", default_value_t = 128)]
     pub hidden: i64,
+    /// Base width of resnet18/resnet50 (64 is the standard model).
+    #[arg(long, default_value_t = 64)]
+    pub resnet_width: i64,
+    /// BatchNorm statistics in training (resnet18/resnet50): `sync` over the
+    /// global batch (exact under any split) or `local` per rank.
+    #[arg(long, value_enum, default_value = "sync", env = "HT_BATCH_NORM")]
+    pub batch_norm: BatchNormMode,
     /// Transformer blocks (gpt).
     #[arg(long, default_value_t = 2)]
     pub layers: i64,
@@ -300,6 +329,16 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The smallest local batch a plan may give a rank: 2 for per-rank
+    /// BatchNorm (one sample has no variance), else 1.
+    pub fn min_local_batch(&self) -> u32 {
+        if self.model.has_batch_norm() && self.batch_norm == BatchNormMode::Local {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Check cross-flag invariants before anything starts.
     pub fn validate(&self) -> Result<(), String> {
         if self.world_size == 0 {
@@ -359,6 +398,29 @@ impl TrainConfig {
             && self.data_dir.is_none()
         {
             return Err("--data-dir is required for cifar10 and mnist".into());
+        }
+        if self.model.has_batch_norm() {
+            if self.resnet_width <= 0 {
+                return Err(format!(
+                    "--resnet-width must be positive, got {}",
+                    self.resnet_width
+                ));
+            }
+            if self.batch_size < 2 {
+                return Err(format!(
+                    "--batch-size {} is too small for {:?}: BatchNorm needs at least 2 samples per step",
+                    self.batch_size, self.model
+                ));
+            }
+            if self.batch_norm == BatchNormMode::Local {
+                let min = self.min_local_batch();
+                if (self.batch_size as usize) < 2 * self.world_size {
+                    return Err(format!(
+                        "--batch-norm local needs a local batch of at least {min} on every rank, but --batch-size {} over WORLD_SIZE {} cannot give that; use --batch-norm sync or raise --batch-size",
+                        self.batch_size, self.world_size
+                    ));
+                }
+            }
         }
         if self.hidden <= 0 || self.layers <= 0 || self.context <= 1 || self.vocab <= 1 {
             return Err("model size flags must be positive (context and vocab > 1)".into());

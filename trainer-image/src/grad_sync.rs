@@ -1,6 +1,6 @@
-//! Gradient all-reduce in a few large flattened buckets: each rank scales
-//! its gradients by b_r / B, the ranks SUM-all-reduce, and the result is the
-//! gradient of the mean loss over the whole global batch.
+//! Gradient all-reduce in a few large flattened buckets. Each rank's loss
+//! is already weighted by b_r / B (see `train`), so the SUM over ranks is
+//! the gradient of the mean loss over the whole global batch.
 
 use tch::{Device, Kind, Tensor};
 
@@ -39,15 +39,16 @@ impl GradBuckets {
         self.buckets.is_empty()
     }
 
-    /// Scale every gradient by `scale`, SUM-all-reduce them (and `extra`,
-    /// appended unscaled to the last bucket), write them back; returns the
-    /// summed `extra`.
+    /// SUM-all-reduce every gradient (and `extra`, appended to the last
+    /// bucket), write them back; returns the summed `extra`. `control` (a
+    /// small int64 CPU tensor, see `control.rs`) is SUM-reduced in place
+    /// beside the buckets, started first and waited with them.
     pub fn all_reduce(
         &self,
         pg: Option<&ProcessGroup>,
         params: &[Tensor],
-        scale: f64,
         extra: &[f64],
+        control: Option<&mut Tensor>,
     ) -> Result<Vec<f64>> {
         let _guard = tch::no_grad_guard();
         let Some(pg) = pg else {
@@ -70,19 +71,18 @@ impl GradBuckets {
             if bi + 1 == self.buckets.len() && !extra.is_empty() {
                 let dev = parts.first().map(|t| t.device()).unwrap_or(Device::Cpu);
                 let kind = parts.first().map(|t| t.kind()).unwrap_or(Kind::Float);
-                let e: Vec<f64> = extra.iter().map(|v| v / scale).collect();
-                parts.push(Tensor::from_slice(&e).to_kind(kind).to_device(dev));
+                parts.push(Tensor::from_slice(extra).to_kind(kind).to_device(dev));
             }
             let mut flat = Tensor::cat(&parts, 0);
-            if scale != 1.0 {
-                let _ = flat.g_mul_scalar_(scale);
-            }
             if pg.needs_staging(&flat) {
                 flat = flat.to_device(Device::Cpu);
             }
             flats.push(flat);
         }
         // Start every bucket, then wait: Gloo works on its own threads.
+        if let Some(word) = control {
+            pending.push(pg.all_reduce_sum_async(word)?);
+        }
         for flat in flats.iter_mut() {
             pending.push(pg.all_reduce_sum_async(flat)?);
         }
@@ -109,20 +109,6 @@ impl GradBuckets {
             }
         }
         Ok(out)
-    }
-}
-
-/// Scale the local gradients by `scale` only (single process).
-pub fn scale_grads(params: &[Tensor], scale: f64) {
-    if scale == 1.0 {
-        return;
-    }
-    let _guard = tch::no_grad_guard();
-    for p in params {
-        let mut g = p.grad();
-        if g.defined() {
-            let _ = g.g_mul_scalar_(scale);
-        }
     }
 }
 

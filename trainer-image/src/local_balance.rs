@@ -158,7 +158,7 @@ impl LocalBalancer {
             BalancerConfig {
                 policy,
                 global_batch_size: cfg.batch_size,
-                min_local_batch: 1,
+                min_local_batch: cfg.min_local_batch(),
                 min_gain_percent: cfg.min_gain_percent,
                 ..BalancerConfig::default()
             },

@@ -90,6 +90,24 @@ pub struct PlanGate {
     /// The current plan is the built-in equal split, not one anybody wrote:
     /// a proposal of the same generation may replace it.
     pub current_is_default: bool,
+    /// Smallest local batch a plan may give any rank (2 under per-rank
+    /// BatchNorm); 0 or 1: no floor beyond the plan's own rules.
+    pub min_local_batch: u32,
+}
+
+impl PlanGate {
+    /// Why `p` gives some rank fewer samples than the floor, if it does.
+    pub fn below_floor(&self, p: &BatchPlan) -> Option<String> {
+        let (r, b) = p
+            .batch_sizes
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b < self.min_local_batch)?;
+        Some(format!(
+            "rank {r} would get {b} sample(s), below the minimum local batch {} (per-rank BatchNorm needs at least 2; use --batch-norm sync)",
+            self.min_local_batch
+        ))
+    }
 }
 
 impl PlanGate {
@@ -120,6 +138,9 @@ impl PlanGate {
                 }
                 if p.generation == current.generation && p.batch_sizes == current.batch_sizes {
                     return None;
+                }
+                if let Some(why) = self.below_floor(&p) {
+                    return refuse(self, "below_min_local_batch", why);
                 }
                 let newer = p.generation > current.generation
                     || (self.current_is_default && p.generation == current.generation);
@@ -166,6 +187,24 @@ mod tests {
         assert_eq!(
             g.consider(Ok(old), &cur, 3).unwrap().batch_sizes,
             vec![30, 1, 1]
+        );
+    }
+
+    #[test]
+    fn floor_refuses_plans_below_the_minimum_local_batch() {
+        let cur = BatchPlan::equal(0, 12, 3);
+        let mut g = PlanGate {
+            min_local_batch: 2,
+            ..Default::default()
+        };
+        let mut p = BatchPlan::equal(1, 12, 3);
+        p.batch_sizes = vec![10, 1, 1];
+        assert!(g.consider(Ok(p.clone()), &cur, 3).is_none());
+        assert_eq!(g.last_reason, Some("below_min_local_batch"));
+        p.batch_sizes = vec![8, 2, 2];
+        assert_eq!(
+            g.consider(Ok(p), &cur, 3).map(|p| p.batch_sizes),
+            Some(vec![8, 2, 2])
         );
     }
 

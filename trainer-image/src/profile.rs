@@ -192,7 +192,12 @@ pub fn measure(
 
     // A private copy of the model: the run's weights stay untouched.
     let vs = VarStore::new(device);
-    let model = models::build(&vs.root(), cfg, &data.shape)?;
+    let model = models::build(
+        &vs.root(),
+        cfg,
+        &data.shape,
+        &crate::c10d::GroupSlot::default(),
+    )?;
     let params: Vec<Tensor> = vs.trainable_variables();
     let param_bytes: u64 = params
         .iter()

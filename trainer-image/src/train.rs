@@ -11,13 +11,13 @@ use heterotrain_crds::BatchPlan;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::c10d::{self, ProcessGroup, RendezvousConfig};
+use crate::c10d::{self, GroupSlot, ProcessGroup, RendezvousConfig};
 use crate::checkpoint::{self, Snapshot};
-use crate::cli::{BackendKind, BalancerMode, DeviceArg, ResumeMode, TrainConfig};
+use crate::cli::{BackendKind, BalancerMode, BatchNormMode, DeviceArg, ResumeMode, TrainConfig};
 use crate::control;
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
-use crate::grad_sync::{self, GradBuckets};
+use crate::grad_sync::GradBuckets;
 use crate::local_balance::{self, Interval, LocalBalancer};
 use crate::log::{EvalRecord, JsonlLog, StepRecord, StepTimings};
 use crate::metrics::{self, TrainerMetrics};
@@ -165,6 +165,12 @@ fn initial_plan(
             let plan = src.read_now().map_err(TrainerError::Config)?;
             plan.validate_for(ws, cfg.batch_size)
                 .map_err(|e| TrainerError::Config(format!("plan file {}: {e}", path.display())))?;
+            if let Some(why) = gate.below_floor(&plan) {
+                return Err(TrainerError::Config(format!(
+                    "plan file {}: {why}",
+                    path.display()
+                )));
+            }
             Ok((plan, Box::new(src)))
         }
     }
@@ -244,7 +250,10 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let gpu = open_gpu(device);
     let mx = Arc::new(TrainerMetrics::new(gpu.clone()));
     mx.set_device(&profile::device_info(device, gpu.as_ref()));
-    let mut gate = PlanGate::default();
+    let mut gate = PlanGate {
+        min_local_batch: cfg.min_local_batch(),
+        ..PlanGate::default()
+    };
     let (mut plan, mut source) = initial_plan(cfg, &mut gate, &mx)?;
     let data = data::load(cfg)?;
     // After the configuration is known good: errors stay one line.
@@ -277,13 +286,17 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
 
     tch::manual_seed(cfg.seed as i64);
     let vs = VarStore::new(device);
-    let model = models::build(&vs.root(), cfg, &data.shape)?;
+    // Synchronised BatchNorm reaches the group through this slot, bound
+    // once the group exists.
+    let group_slot = GroupSlot::default();
+    let model = models::build(&vs.root(), cfg, &data.shape, &group_slot)?;
     let (all_vars, trainable) = named_vars(&vs);
     let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
     let mut opt = Optimizer::new(cfg, &trainable);
 
     let pg = join(cfg, device)?;
     let pg = pg.as_ref();
+    let _bound = pg.map(|pg| group_slot.bind(pg));
     let rank = cfg.rank;
     let mut log = JsonlLog::open(&cfg.output_dir, rank)?;
 
@@ -309,6 +322,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                     m.optimizer_steps as i64,
                 ];
                 if m.plan.validate_for(cfg.world_size, cfg.batch_size).is_ok()
+                    && gate.below_floor(&m.plan).is_none()
                     && m.plan.generation > plan.generation
                 {
                     plan = m.plan.clone();
@@ -390,26 +404,19 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         Ok(())
     };
 
+    // The agreement for the next step boundary, carried by the previous
+    // step's gradient all-reduce (none before the first step).
+    let mut carried: Option<control::Agreement> = None;
     while step < total {
         let step_start = Instant::now();
-        // Step boundary: rank 0 considers proposals; everyone agrees.
-        let mut proposed = plan.clone();
-        if rank == 0 {
-            for p in [pending.take().map(Ok), source.poll()]
-                .into_iter()
-                .flatten()
-            {
-                match gate.consider(p, &proposed, cfg.world_size) {
-                    Some(p) => proposed = p,
-                    None => {
-                        if let Some(r) = gate.last_reason.take() {
-                            mx.plan_rejected(r);
-                        }
-                    }
-                }
+        // Step boundary: every rank applies the same agreement.
+        let agreed = match carried.take() {
+            Some(a) => a,
+            None => {
+                let proposed = propose(rank, &plan, &mut pending, source.as_mut(), &mut gate, &mx);
+                control::agree(pg, rank, &proposed, stop.load(Ordering::SeqCst))?
             }
-        }
-        let agreed = control::agree(pg, rank, &proposed, stop.load(Ordering::SeqCst))?;
+        };
         if agreed.stop {
             stopped = true;
             break;
@@ -448,6 +455,12 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
         let logits = model.forward(&x, true);
+        if let Some(msg) = group_slot.take_error() {
+            return Err(TrainerError::Collective {
+                op: "batch_norm",
+                msg,
+            });
+        }
         let loss = model.loss(&logits, &y);
         sync_device(device);
         let t2 = Instant::now();
@@ -457,17 +470,34 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             let mut p = p.shallow_clone();
             p.zero_grad();
         }
-        loss.backward();
+        // The b_r / B weight goes into the loss, so the SUM of the ranks'
+        // gradients is the gradient of the mean loss over the global batch,
+        // and cross-rank terms (synchronised BatchNorm) are weighted right.
+        (&loss * scale)
+            .f_backward()
+            .map_err(|e| TrainerError::Collective {
+                op: "backward",
+                msg: e.to_string().lines().next().unwrap_or_default().to_string(),
+            })?;
         let local_loss = loss.double_value(&[]);
         sync_device(device);
         let t3 = Instant::now();
         tm.backward_seconds = (t3 - t2).as_secs_f64();
 
-        let global_loss = if pg.is_some() {
-            let sums = buckets.all_reduce(pg, &params, scale, &[local_loss * scale])?;
+        // Rank 0's next proposal and every stop request ride with the
+        // gradients; they take effect at the next step boundary.
+        let proposed = propose(rank, &plan, &mut pending, source.as_mut(), &mut gate, &mx);
+        let stop_now = stop.load(Ordering::SeqCst);
+        let global_loss = if let Some(g) = pg {
+            let mut word = control::encode(rank, g.world_size(), &proposed, stop_now);
+            let sums = buckets.all_reduce(pg, &params, &[local_loss * scale], Some(&mut word))?;
+            carried = Some(control::decode(&word, rank, &proposed));
             sums.first().copied().unwrap_or(f64::NAN)
         } else {
-            grad_sync::scale_grads(&params, scale);
+            carried = Some(control::Agreement {
+                plan: proposed,
+                stop: stop_now,
+            });
             local_loss
         };
         sync_device(device);
@@ -513,13 +543,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         let epoch_end = pos.step_in_epoch >= spe;
         if (epoch_end || step == total) && data.eval_len() > 0 {
             {
-                // BatchNorm buffers may differ per rank; use rank 0's.
-                let buffers: Vec<(String, Tensor)> = all_vars
-                    .iter()
-                    .filter(|(_, t)| !t.requires_grad())
-                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                    .collect();
-                broadcast_all(pg, &buffers)?;
+                agree_buffers(cfg, pg, &all_vars, scale)?;
                 let (acc, eval_loss, n) = evaluate(cfg, &model, &data, device, pg)?;
                 last_acc = Some(acc);
                 mx.set_eval(acc, eval_loss);
@@ -569,6 +593,12 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             }
         }
         if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < total {
+            agree_buffers(
+                cfg,
+                pg,
+                &all_vars,
+                f64::from(plan.batch_sizes[rank]) / f64::from(plan.global_batch_size),
+            )?;
             save(step, pos, &plan, &opt)?;
         }
         if cfg.step_sleep_ms > 0 {
@@ -576,6 +606,13 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         }
     }
 
+    agree_buffers(
+        cfg,
+        pg,
+        &all_vars,
+        f64::from(plan.batch_sizes.get(rank).copied().unwrap_or(0))
+            / f64::from(plan.global_batch_size.max(1)),
+    )?;
     save(step, pos, &plan, &opt)?;
     mx.set_finished();
     if rank == 0 {
@@ -590,6 +627,70 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         stopped_by_signal: stopped,
         last_eval_accuracy: last_acc,
     })
+}
+
+/// Rank 0: the plan to propose for the next step (the local balancer's
+/// pending plan, then the plan source's, each through the gate). Other
+/// ranks propose nothing (their control word carries only a stop request).
+fn propose(
+    rank: usize,
+    plan: &BatchPlan,
+    pending: &mut Option<BatchPlan>,
+    source: &mut dyn PlanSource,
+    gate: &mut PlanGate,
+    mx: &TrainerMetrics,
+) -> BatchPlan {
+    let mut proposed = plan.clone();
+    if rank != 0 {
+        return proposed;
+    }
+    for p in [pending.take().map(Ok), source.poll()]
+        .into_iter()
+        .flatten()
+    {
+        match gate.consider(p, &proposed, plan.batch_sizes.len()) {
+            Some(p) => proposed = p,
+            None => {
+                if let Some(r) = gate.last_reason.take() {
+                    mx.plan_rejected(r);
+                }
+            }
+        }
+    }
+    proposed
+}
+
+/// Make the ranks' buffers (BatchNorm running statistics) agree before
+/// evaluation and checkpoints. Per-rank BatchNorm (`local`): the average
+/// over ranks weighted by local batch (`weight` = b_r / B). Synchronised
+/// BatchNorm keeps them equal by construction; rank 0's are broadcast as a
+/// guard. Every rank must call it at the same step.
+fn agree_buffers(
+    cfg: &TrainConfig,
+    pg: Option<&ProcessGroup>,
+    vars: &[(String, Tensor)],
+    weight: f64,
+) -> Result<()> {
+    let Some(pg) = pg else { return Ok(()) };
+    let buffers: Vec<(String, Tensor)> = vars
+        .iter()
+        .filter(|(_, t)| !t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    if buffers.is_empty() {
+        return Ok(());
+    }
+    if cfg.batch_norm == BatchNormMode::Local && cfg.model.has_batch_norm() {
+        let _guard = tch::no_grad_guard();
+        for (_, t) in &buffers {
+            let mut w = (t * weight).contiguous();
+            pg.all_reduce_sum(&mut w)?;
+            t.shallow_clone().copy_(&w);
+        }
+        Ok(())
+    } else {
+        broadcast_all(Some(pg), &buffers)
+    }
 }
 
 /// Final weights as safetensors (names = VarStore paths), written atomically.

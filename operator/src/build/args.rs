@@ -112,6 +112,9 @@ pub fn trainer_args(spec: &HeteroTrainingJobSpec, group: &WorkerGroup) -> Vec<St
         .into(),
     );
     push("warmup-steps", t.warmup_steps.to_string());
+    if m.name.has_batch_norm() {
+        push("batch-norm", t.batch_norm.as_str().into());
+    }
     push("seed", t.seed.to_string());
     push(
         "backend",

@@ -1,14 +1,17 @@
 //! Model builders: functions over `nn::Path` whose sub-path names are the
 //! stable checkpoint keys (`fc1.weight`, `layer1.0.conv1.weight`, `h.0.attn.c_attn.weight`).
 
+pub mod bn;
 pub mod cnn;
 pub mod gpt;
 pub mod mlp;
+pub mod resnet;
 
 use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
 
-use crate::cli::{ModelKind, TrainConfig};
+use crate::c10d::GroupSlot;
+use crate::cli::{BatchNormMode, ModelKind, TrainConfig};
 use crate::data::DataShape;
 use crate::error::{Result, TrainerError};
 
@@ -51,8 +54,15 @@ impl Model {
     }
 }
 
-/// Build the model a config names for data of `shape`.
-pub fn build(p: &nn::Path, cfg: &TrainConfig, shape: &DataShape) -> Result<Model> {
+/// Build the model a config names for data of `shape`. BatchNorm layers in
+/// `sync` mode reduce their statistics through `group` once it is bound.
+pub fn build(
+    p: &nn::Path,
+    cfg: &TrainConfig,
+    shape: &DataShape,
+    group: &GroupSlot,
+) -> Result<Model> {
+    let sync = (cfg.batch_norm == BatchNormMode::Sync).then(|| group.clone());
     let mismatch = |m: &str| {
         TrainerError::Config(format!(
             "--model {m} does not fit the dataset's shape {shape:?}"
@@ -69,13 +79,25 @@ pub fn build(p: &nn::Path, cfg: &TrainConfig, shape: &DataShape) -> Result<Model
             if chw[0] != 3 {
                 return Err(mismatch("resnet18 (needs 3 channels)"));
             }
-            Box::new(tch::vision::resnet::resnet18(p, *classes))
+            Box::new(resnet::resnet(
+                p,
+                resnet::Depth::R18,
+                cfg.resnet_width,
+                *classes,
+                sync,
+            ))
         }
         (ModelKind::Resnet50, DataShape::Image { chw, classes }) => {
             if chw[0] != 3 {
                 return Err(mismatch("resnet50 (needs 3 channels)"));
             }
-            Box::new(tch::vision::resnet::resnet50(p, *classes))
+            Box::new(resnet::resnet(
+                p,
+                resnet::Depth::R50,
+                cfg.resnet_width,
+                *classes,
+                sync,
+            ))
         }
         (ModelKind::Gpt, DataShape::Text { context, vocab }) => Box::new(gpt::gpt(
             p,
