@@ -377,7 +377,14 @@ pub struct LoadBalancingSpec {
     /// the prototype's scoring formula, kept as a benchmark baseline.
     #[serde(default)]
     pub policy: BalancePolicy,
-    /// Steps between rebalancing decisions.
+    /// Training steps between two decisions on the plan. The operator
+    /// reconsiders the split only once the job's step (the ranks'
+    /// `heterotrain_step` metric) has advanced this many steps since its last
+    /// decision (for the first one: since the first step it read), and never
+    /// sooner than its `--rebalance-interval` (a wall-clock floor) after it.
+    /// Both are checked at each metrics read (`--scrape-interval`), so a plan
+    /// is reconsidered about every max(this × step time, rebalance interval),
+    /// rounded up to the next read.
     #[serde(default = "default_rebalance_interval")]
     #[schemars(range(min = 1, max = 1000000))]
     pub rebalance_interval_steps: u32,

@@ -23,7 +23,9 @@ pub struct OperatorConfig {
     pub scrape_interval: Duration,
     /// Timeout of one scrape / Prometheus query.
     pub scrape_timeout: Duration,
-    /// Least time between two balancing decisions of one job.
+    /// Least time between two balancing decisions of one job: a floor on top
+    /// of the job's `loadBalancing.rebalanceIntervalSteps` (a decision needs
+    /// both), checked at each scrape.
     pub rebalance_interval: Duration,
     /// Jobs reconciled at the same time.
     pub concurrency: u16,

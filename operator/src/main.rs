@@ -42,7 +42,10 @@ struct Cli {
     /// Timeout of one scrape or Prometheus query, seconds.
     #[arg(long, env = "HETEROTRAIN_SCRAPE_TIMEOUT", default_value_t = 3.0)]
     scrape_timeout: f64,
-    /// Least seconds between two balancing decisions of one job.
+    /// Least seconds between two balancing decisions of one job: a floor on
+    /// top of each job's loadBalancing.rebalanceIntervalSteps (a job's plan is
+    /// reconsidered once it has trained that many steps AND this long has
+    /// passed, checked at each scrape).
     #[arg(long, env = "HETEROTRAIN_REBALANCE_INTERVAL", default_value_t = 30.0)]
     rebalance_interval: f64,
     /// Jobs reconciled at the same time (each reconcile is a few API calls;

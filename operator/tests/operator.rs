@@ -14,6 +14,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, DeleteParams, PostParams};
 
 const PORT: u16 = 19400;
+/// Fake ranks take one step per scrape (0.5 s in tests), so 2 steps are
+/// under the tests' 1.5 s --rebalance-interval, which then sets the pace.
+const FAST_DECISIONS: &str = "  loadBalancing: {rebalanceIntervalSteps: 2}";
 
 fn job_yaml(name: &str, replicas: u32, extra: &str) -> String {
     format!(
@@ -218,7 +221,11 @@ async fn three_to_one_speed_gets_a_three_to_one_plan() {
     let env = env("speed").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
     let _ranks = start_fake_ranks(&env, &[0.01, 0.03], 16).await;
-    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("fast-slow", 2, ""))).await;
+    create_job(
+        &env,
+        &job_from_yaml(&env.ns, &job_yaml("fast-slow", 2, FAST_DECISIONS)),
+    )
+    .await;
     run_gang(&env, "fast-slow", 2, 0).await;
     let started = std::time::Instant::now();
     let ratio_of =
@@ -276,11 +283,41 @@ async fn three_to_one_speed_gets_a_three_to_one_plan() {
 }
 
 #[tokio::test]
+async fn decisions_wait_for_rebalance_interval_steps() {
+    let env = env("steps").await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    // One step per scrape (0.5 s): 12 steps take 6 s, far past the 1.5 s
+    // floor, so only the step count can hold the 3:1 plan back that long.
+    let ranks = start_fake_ranks(&env, &[0.01, 0.03], 16).await;
+    let yaml = job_yaml(
+        "patient",
+        2,
+        "  loadBalancing: {rebalanceIntervalSteps: 12}",
+    );
+    create_job(&env, &job_from_yaml(&env.ns, &yaml)).await;
+    run_gang(&env, "patient", 2, 0).await;
+    let p = eventually(Duration::from_secs(30), "a plan after 12 steps", || async {
+        plan(&env, "patient").await.filter(|p| p.generation >= 1)
+    })
+    .await;
+    // Read after the plan was seen, so at least the step it was decided at.
+    // The operator's first read (step 1) is the baseline: no plan before 13.
+    let steps = ranks[0].lock().expect("rank").steps();
+    assert!(steps >= 13, "plan {p:?} already written at step {steps}");
+    assert_eq!(p.batch_sizes, [24, 8]);
+    op.stop().await;
+}
+
+#[tokio::test]
 async fn equal_speeds_keep_the_plan() {
     let env = env("equal").await;
     let op = Operator::start(&env, test_config(&env, "op-a"));
     let _ranks = start_fake_ranks(&env, &[0.02, 0.02], 16).await;
-    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("even", 2, ""))).await;
+    create_job(
+        &env,
+        &job_from_yaml(&env.ns, &job_yaml("even", 2, FAST_DECISIONS)),
+    )
+    .await;
     run_gang(&env, "even", 2, 0).await;
     // Wait until the operator has read metrics several times.
     eventually(
@@ -630,6 +667,7 @@ const PROFILED_JOB: &str = r#"
   model: {name: mlp, hidden: 32}
   dataset: {name: synthetic_image}
   training: {globalBatchSize: 32, maxSteps: 1000}
+  loadBalancing: {rebalanceIntervalSteps: 2}
   metricsPort: 19400
 "#;
 

@@ -448,6 +448,11 @@ impl FakeRank {
         }
     }
 
+    /// Steps taken so far (one per scrape served).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
     /// One more step per scrape; the exposition text of the trainer's metric names.
     fn next_text(&mut self) -> String {
         use heterotrain_crds::metrics as m;
