@@ -115,6 +115,9 @@ pub mod env {
     pub const NAMESPACE: &str = "HETEROTRAIN_NAMESPACE";
     pub const POD_IP: &str = "POD_IP";
     pub const RESTART_COUNT: &str = "HETEROTRAIN_RESTART_COUNT";
+    /// The job's `metadata.uid`; the trainer's `--job-uid`, part of the
+    /// checkpoint fingerprint.
+    pub const JOB_UID: &str = "HT_JOB_UID";
 }
 
 #[cfg(test)]

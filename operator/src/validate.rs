@@ -12,7 +12,7 @@ use crate::names;
 /// Most ranks one job may have.
 pub const MAX_RANKS: u32 = 4096;
 /// Env vars the operator sets itself; a group may not override them.
-pub const RESERVED_ENV: [&str; 9] = [
+pub const RESERVED_ENV: [&str; 10] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -22,6 +22,7 @@ pub const RESERVED_ENV: [&str; 9] = [
     heterotrain_crds::metrics::env::NAMESPACE,
     heterotrain_crds::metrics::env::PLAN_CONFIGMAP,
     heterotrain_crds::metrics::env::RESTART_COUNT,
+    heterotrain_crds::metrics::env::JOB_UID,
 ];
 
 /// One semantic problem of a spec.

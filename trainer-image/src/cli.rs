@@ -118,7 +118,7 @@ pub enum DeviceArg {
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum ResumeMode {
-    /// Load the newest valid checkpoint in --checkpoint-dir, if any.
+    /// Load the newest checkpoint of this run in --checkpoint-dir that loads, if any.
     Auto,
     /// Start from scratch.
     Never,
@@ -242,9 +242,16 @@ pub struct TrainConfig {
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
-    /// Resume from the newest valid checkpoint (`auto`) or not.
+    /// Resume from the newest checkpoint of this run that loads (`auto`) or
+    /// not. Checkpoints whose fingerprint (model and shape flags, batch size,
+    /// dataset and its size, optimizer, world size, job UID) differs are
+    /// skipped with a warning.
     #[arg(long, value_enum, default_value = "never", env = "HT_RESUME")]
     pub resume: ResumeMode,
+    /// UID of the HeteroTrainingJob (set by the operator): part of the run
+    /// fingerprint, so `--resume auto` never takes another job's checkpoints.
+    #[arg(long, env = "HT_JOB_UID")]
+    pub job_uid: Option<String>,
     /// JSON batch plan (DESIGN.md format); rank 0 re-reads it when it changes
     /// and all ranks switch at the same step. Without it: an equal split.
     #[arg(long, env = "HT_PLAN_FILE")]

@@ -12,7 +12,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, GroupSlot, ProcessGroup, RendezvousConfig};
-use crate::checkpoint::{self, Snapshot};
+use crate::checkpoint::{self, Fingerprint, Snapshot};
 use crate::cli::{BackendKind, BalancerMode, BatchNormMode, DeviceArg, ResumeMode, TrainConfig};
 use crate::control;
 use crate::data::{self, Dataset};
@@ -308,12 +308,31 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     };
     let mut step = 0u64;
     let mut meta = vec![0i64; 5];
+    // Only this run's checkpoints: others are skipped, one that fails to
+    // load falls back to the next older one (each with a warning).
+    let fingerprint = Fingerprint::of(cfg, data.train_len());
     if rank == 0 && cfg.resume == ResumeMode::Auto {
         if let Some(dir) = &cfg.checkpoint_dir {
-            if let Some(m) = checkpoint::newest_valid(dir) {
-                checkpoint::load_into(dir, &m.weights, &all_vars)?;
-                checkpoint::load_into(dir, &m.optimizer, &opt.state(&trainable))?;
-                eprintln!("rank 0: resuming from checkpoint at step {}", m.step);
+            let optim_state = opt.state(&trainable);
+            let found = checkpoint::resume(dir, &fingerprint, |m| {
+                checkpoint::load_files(
+                    dir,
+                    &[(&m.weights, &all_vars), (&m.optimizer, &optim_state)],
+                )
+            });
+            if found.is_none() {
+                eprintln!(
+                    "rank 0: no checkpoint of this run (fingerprint {}) in {}; starting from step 0",
+                    fingerprint.hash(),
+                    dir.display()
+                );
+            }
+            if let Some(m) = found {
+                eprintln!(
+                    "rank 0: resuming from checkpoint at step {} (fingerprint {})",
+                    m.step,
+                    fingerprint.hash()
+                );
                 meta = vec![
                     1,
                     m.step as i64,
@@ -397,6 +416,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 optimizer_steps: opt.steps,
                 plan,
                 model: &model_name,
+                fingerprint: &fingerprint,
                 weights: &all_vars,
                 optimizer: &opt.state(&trainable),
             },

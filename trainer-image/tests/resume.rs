@@ -1,7 +1,9 @@
 //! Checkpoints and resume: SIGKILL mid-run + `--resume auto` ends with the
 //! same parameters as an uninterrupted run, skipping a truncated newest
-//! checkpoint; SIGTERM finishes the step, checkpoints and exits 0; weights
-//! load in PyTorch under the model's names.
+//! checkpoint; checkpoints of a different run (other batch size or model)
+//! are skipped and the run starts from step 0; a checkpoint whose weights
+//! fail to load falls back to the previous one; SIGTERM finishes the step,
+//! checkpoints and exits 0; weights load in PyTorch under the model's names.
 
 mod common;
 
@@ -10,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use sha2::{Digest, Sha256};
 
 fn base(out: &Path, ckpt: &Path) -> Vec<String> {
     let mut a = args(&[
@@ -115,6 +118,170 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
             max_abs_diff(&want, &got)
         );
     }
+}
+
+/// The manifest of the checkpoint at `step`.
+fn manifest(dir: &Path, step: u64) -> serde_json::Value {
+    let p = dir.join(format!("ckpt-{step:010}.json"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).expect("manifest json")
+}
+
+/// Step records a run appended to rank 0's log after the first `skip`.
+fn new_steps(out: &Path, skip: usize) -> Vec<serde_json::Value> {
+    steps(&log_records(out, 0))[skip..]
+        .iter()
+        .map(|r| (*r).clone())
+        .collect()
+}
+
+fn assert_same_weights(want: &Path, got: &Path) {
+    let (want, got) = (load_weights(want), load_weights(got));
+    for (name, t) in &want {
+        assert!(
+            t.equal(&got[name]),
+            "{name} differs (max {})",
+            max_abs_diff(&want, &got)
+        );
+    }
+}
+
+#[test]
+fn changed_batch_size_skips_the_old_checkpoints_and_starts_from_step_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
+    let mut a = base(&out, &ck);
+    a.push("--no-profile".into());
+    set_flag(&mut a, "--max-steps", "20");
+    run_ok(2, &a);
+    assert_eq!(newest_ckpt_step(&ck), 20);
+    assert_eq!(manifest(&ck, 20)["fingerprint"]["batchSize"], 24);
+    let first = steps(&log_records(&out, 0)).len();
+
+    // Same directories, B 24 → 32, resume auto, 10 steps.
+    let mut b = a.clone();
+    set_flag(&mut b, "--batch-size", "32");
+    set_flag(&mut b, "--max-steps", "10");
+    b.extend(args(&["--resume", "auto"]));
+    let outs = run_ok(2, &b);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err0.contains("skipping checkpoint at step 20") && err0.contains("batch size 24 ≠ 32"),
+        "{err0}"
+    );
+    assert!(!err0.contains("resuming from checkpoint"), "{err0}");
+
+    // From scratch: steps 1..=10 at B = 32, and the same weights as a
+    // fresh run in an empty checkpoint directory.
+    let resumed = new_steps(&out, first);
+    let numbers: Vec<u64> = resumed
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (1..=10).collect::<Vec<_>>());
+    assert!(resumed.iter().all(|r| r["global_batch_size"] == 32));
+    let (out_f, ck_f) = (dir.path().join("fresh"), dir.path().join("ck-fresh"));
+    let mut f = b.clone();
+    set_flag(&mut f, "--output-dir", &out_f.display().to_string());
+    set_flag(&mut f, "--checkpoint-dir", &ck_f.display().to_string());
+    run_ok(2, &f);
+    assert_same_weights(
+        &out_f.join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
+
+    // The new run's checkpoints (5, 10) are kept although the old run's
+    // 15 and 20 are newer; those are left alone.
+    for (step, b) in [(5, 32), (10, 32), (15, 24), (20, 24)] {
+        assert_eq!(
+            manifest(&ck, step)["fingerprint"]["batchSize"],
+            b,
+            "step {step}"
+        );
+    }
+}
+
+#[test]
+fn changed_model_width_skips_the_old_checkpoint_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
+    let mut a = base(&out, &ck);
+    a.push("--no-profile".into());
+    set_flag(&mut a, "--max-steps", "5");
+    run_ok(1, &a);
+    let first = steps(&log_records(&out, 0)).len();
+
+    let mut b = a.clone();
+    set_flag(&mut b, "--hidden", "48");
+    set_flag(&mut b, "--max-steps", "8");
+    b.extend(args(&["--resume", "auto"]));
+    let outs = run_ok(1, &b);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(err0.contains("hidden width 32 ≠ 48"), "{err0}");
+    let numbers: Vec<u64> = new_steps(&out, first)
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (1..=8).collect::<Vec<_>>());
+    let w = load_weights(&out.join("model.safetensors"));
+    assert_eq!(w["fc1.weight"].size()[0], 48);
+}
+
+#[test]
+fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
+    let mut a = base(&out, &ck);
+    a.push("--no-profile".into());
+    set_flag(&mut a, "--max-steps", "20");
+    run_ok(2, &a);
+    assert_eq!(newest_ckpt_step(&ck), 20);
+    let first = steps(&log_records(&out, 0)).len();
+
+    // Newest weights replaced by bytes that are no safetensors file, with
+    // the manifest's size and checksum updated: only loading can notice.
+    let w = ck.join("ckpt-0000000020.model.safetensors");
+    let junk = vec![0x5a_u8; 4096];
+    std::fs::write(&w, &junk).unwrap();
+    let sha: String = Sha256::digest(&junk)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut m = manifest(&ck, 20);
+    m["weights"]["bytes"] = junk.len().into();
+    m["weights"]["sha256"] = sha.into();
+    std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
+
+    let mut r = a.clone();
+    set_flag(&mut r, "--max-steps", "30");
+    r.extend(args(&["--resume", "auto"]));
+    let outs = run_ok(2, &r);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err0.contains("skipping checkpoint at step 20") && err0.contains("loading it failed"),
+        "{err0}"
+    );
+    let resumed = new_steps(&out, first);
+    let numbers: Vec<u64> = resumed
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        numbers,
+        (16..=30).collect::<Vec<_>>(),
+        "resumed after step 15"
+    );
+
+    // Same parameters as an uninterrupted 30-step run.
+    let (out_u, ck_u) = (dir.path().join("u"), dir.path().join("ck-u"));
+    let mut u = r.clone();
+    set_flag(&mut u, "--output-dir", &out_u.display().to_string());
+    set_flag(&mut u, "--checkpoint-dir", &ck_u.display().to_string());
+    run_ok(2, &u);
+    assert_same_weights(
+        &out_u.join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
 }
 
 #[test]

@@ -103,6 +103,7 @@ pub fn pod(
         env_field(envs::NAMESPACE, "metadata.namespace"),
         env(envs::PLAN_CONFIGMAP, names::plan_configmap(&r.name)),
         env(envs::RESTART_COUNT, inputs.restart_count.to_string()),
+        env(envs::JOB_UID, r.owner.uid.clone()),
         env("HOME", names::SCRATCH_DIR),
         env("TMPDIR", names::SCRATCH_DIR),
     ];

@@ -94,6 +94,10 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
             env_value(pod, "HETEROTRAIN_RESTART_COUNT").as_deref(),
             Some("1")
         );
+        assert_eq!(
+            env_value(pod, "HT_JOB_UID").as_deref(),
+            Some("6f1c2a9e-0000-4000-8000-000000000001")
+        );
         let ip = env_of(pod, "POD_IP")
             .and_then(|e| e.value_from.as_ref())
             .and_then(|v| v.field_ref.as_ref());
