@@ -1,4 +1,4 @@
-//! Names of the trainer's Prometheus metrics (DESIGN.md "Metrics"): the
+//! Names of the trainer's Prometheus metrics (docs/design.md "Contracts"): the
 //! contract between the trainer that exports them, the operator that reads
 //! them and the Grafana dashboards. All in base units; counters end in `_total`.
 

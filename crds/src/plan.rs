@@ -1,5 +1,5 @@
 //! The batch plan: the wire format the operator writes into `<job>-plan`
-//! (key `plan.json`) and every trainer rank reads. See DESIGN.md "Contracts".
+//! (key `plan.json`) and every trainer rank reads. See docs/design.md "Contracts".
 
 use serde::{Deserialize, Serialize};
 
@@ -83,7 +83,7 @@ impl BatchPlan {
         Ok(plan)
     }
 
-    /// Check the DESIGN.md invariants: one entry per rank, each ≥ 1, sum = B.
+    /// Check the plan invariants (docs/design.md "Contracts"): one entry per rank, each ≥ 1, sum = B.
     pub fn validate(&self, world_size: usize) -> Result<(), PlanError> {
         if self.batch_sizes.len() != world_size {
             return Err(PlanError::WrongLength {

@@ -252,7 +252,7 @@ pub struct TrainConfig {
     /// fingerprint, so `--resume auto` never takes another job's checkpoints.
     #[arg(long, env = "HT_JOB_UID")]
     pub job_uid: Option<String>,
-    /// JSON batch plan (DESIGN.md format); rank 0 re-reads it when it changes
+    /// JSON batch plan (format: docs/design.md "Contracts"); rank 0 re-reads it when it changes
     /// and all ranks switch at the same step. Without it: an equal split.
     #[arg(long, env = "HT_PLAN_FILE")]
     pub plan_file: Option<PathBuf>,

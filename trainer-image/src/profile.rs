@@ -1,4 +1,4 @@
-//! The hardware profile (DESIGN.md step 3): device facts, matmul FLOP/s,
+//! The hardware profile (see docs/design.md): device facts, matmul FLOP/s,
 //! memory bandwidth, forward+backward seconds of the configured model at the
 //! probe batch sizes with the fitted t(b) = a + c·b, and the largest local
 //! batch that fits. Printed by `heterotrain-trainer profile`, exported as

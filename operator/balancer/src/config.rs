@@ -74,7 +74,7 @@ pub struct BalancerConfig {
     pub policy: Policy,
     /// Global batch `B`; every plan sums to it exactly.
     pub global_batch_size: u32,
-    /// Smallest local batch any rank gets (DESIGN.md: plans need ≥ 1).
+    /// Smallest local batch any rank gets (docs/design.md: plans need ≥ 1).
     pub min_local_batch: u32,
     /// Largest local batch any rank gets, on top of each rank's memory cap.
     pub max_local_batch: Option<u32>,

@@ -1,4 +1,4 @@
-//! The plan ConfigMap `<job>-plan` (key `plan.json`, DESIGN.md "Contracts").
+//! The plan ConfigMap `<job>-plan` (key `plan.json`, docs/design.md "Contracts").
 
 use std::collections::BTreeMap;
 
