@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # bench_trainer.sh: HeteroTrain trainer vs PyTorch DDP (torchrun, Gloo, same
 # torch, model, global batch, threads per rank), 2 ranks on this machine.
-# Prints samples/s (median of RUNS runs) and the ratio ours/DDP.
+# The compared variants run interleaved (ours, DDP, ours, DDP, ...), so drift
+# on this shared machine hits both; prints the median samples/s of each and
+# the median and min-max of the paired ratios. Then the cost of synchronised
+# BatchNorm: ours with --batch-norm sync vs local, paired the same way.
+# resnet18 runs ours with --batch-norm local against DDP (DDP's BatchNorm is
+# per rank too: the same maths).
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
 #      HETEROTRAIN_PYTHON (python with torch 2.11)
@@ -54,11 +59,25 @@ ddp() { # model batch steps warmup extra...
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+minmax() { sort -g | awk 'NR==1{lo=$1} {hi=$1} END {printf "%.2f–%.2f", lo, hi}'; }
 
-printf '| model | global batch | threads/rank | ours samples/s | DDP samples/s | ratio |\n|---|---|---|---|---|---|\n'
-for spec in "resnet18 64 15 3" "mlp 256 100 5 --hidden 512"; do
-  set -- $spec
-  o=$(for _ in $(seq "$runs"); do ours "$@"; done | median)
-  d=$(for _ in $(seq "$runs"); do ddp "$@"; done | median)
-  printf '| %s | %s | %s | %.1f | %.1f | %.2f |\n' "$1" "$2" "$threads" "$o" "$d" "$(echo "$o / $d" | bc -l)"
-done
+# paired NAME A-command B-command: runs A then B, RUNS times; prints a row.
+paired() {
+  local name=$1 a=$2 b=$3 as=() bs=() rs=() x y
+  for _ in $(seq "$runs"); do
+    x=$(eval "$a"); y=$(eval "$b")
+    as+=("$x"); bs+=("$y"); rs+=("$(echo "$x / $y" | bc -l)")
+  done
+  printf '| %s | %.1f | %.1f | %.2f | %s |\n' "$name" \
+    "$(printf '%s\n' "${as[@]}" | median)" "$(printf '%s\n' "${bs[@]}" | median)" \
+    "$(printf '%s\n' "${rs[@]}" | median)" "$(printf '%s\n' "${rs[@]}" | minmax)"
+}
+
+echo "ours vs PyTorch DDP (2 ranks, $threads thread(s) each, $runs interleaved pairs)"
+printf '| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ddp resnet18 64 15 3"
+paired "mlp (hidden 512), 256" "ours mlp 256 100 5 --hidden 512" "ddp mlp 256 100 5 --hidden 512"
+echo
+echo "synchronised BatchNorm vs per-rank (ours, resnet18, global batch 64, $runs interleaved pairs)"
+printf '| split | sync samples/s | local samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+paired "32 / 32" "ours resnet18 64 15 3 --batch-norm sync" "ours resnet18 64 15 3 --batch-norm local"

@@ -63,6 +63,33 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn ht_reducer_create(
+        h: *mut c_void,
+        params: *mut *mut c_void,
+        n: usize,
+        bucket_bytes: i64,
+        first_bucket_bytes: i64,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn ht_reducer_prepare_forward(r: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    fn ht_reducer_prepare_backward(
+        r: *mut c_void,
+        loss: *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn ht_reducer_trace(
+        r: *mut c_void,
+        out: *mut i64,
+        cap: i64,
+        params: *mut i64,
+        compute_ns: *mut i64,
+    ) -> i64;
+    fn ht_autograd_collective_ns() -> i64;
+    fn ht_reducer_destroy(r: *mut c_void);
     fn ht_set_deterministic(on: c_int);
     fn ht_set_log_level(level: c_int);
 }
@@ -330,6 +357,41 @@ impl ProcessGroup {
         Ok(outs)
     }
 
+    /// PyTorch's DDP engine (`c10d::Reducer`) over `params`: during each
+    /// backward armed with [`Reducer::prepare_backward`], gradient buckets
+    /// (`first_bucket_bytes`, then about `bucket_bytes` each) are
+    /// SUM-all-reduced asynchronously as their gradients become ready, and
+    /// the reduced gradients are in place when backward returns. Gradients
+    /// become views into the bucket buffers.
+    pub fn reducer(
+        &self,
+        params: &[Tensor],
+        bucket_bytes: usize,
+        first_bucket_bytes: usize,
+    ) -> Result<Reducer<'_>> {
+        let mut owned: Vec<Tensor> = params.iter().map(Tensor::shallow_clone).collect();
+        let mut ptrs: Vec<*mut c_void> = owned
+            .iter_mut()
+            .map(|t| t.as_mut_ptr() as *mut c_void)
+            .collect();
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        let h = self.handle;
+        // SAFETY: the tensors outlive the call; handle receives a new Reducer.
+        self.call("reducer", |err| unsafe {
+            ht_reducer_create(
+                h,
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+                bucket_bytes as i64,
+                first_bucket_bytes as i64,
+                &mut handle,
+                err,
+                ERR_LEN,
+            )
+        })?;
+        Ok(Reducer { pg: self, handle })
+    }
+
     /// Wait for every rank.
     pub fn barrier(&self) -> Result<()> {
         let h = self.handle;
@@ -430,4 +492,94 @@ impl GroupSlot {
     pub fn take_error(&self) -> Option<String> {
         self.inner.lock().ok().and_then(|mut s| s.error.take())
     }
+}
+
+/// A `c10d::Reducer` bound to its group (see [`ProcessGroup::reducer`]).
+pub struct Reducer<'a> {
+    pg: &'a ProcessGroup,
+    handle: *mut c_void,
+}
+
+/// How one backward's bucket all-reduces were launched.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReducerTrace {
+    /// For each bucket launch, in order: gradients ready at that moment.
+    pub ready_at_launch: Vec<i64>,
+    /// Parameters the Reducer covers.
+    pub params: i64,
+    /// Seconds from arming to the last gradient being ready (the local
+    /// backward, including waits inside it such as synchronised BatchNorm).
+    pub backward_seconds: f64,
+}
+
+impl ReducerTrace {
+    /// Buckets whose all-reduce started while backward still had gradients
+    /// to produce (communication overlapped with computation). A launch is
+    /// recorded before the gradient that completed its bucket is counted,
+    /// so the launch at the very end of backward saw `params − 1`.
+    pub fn overlapped_launches(&self) -> usize {
+        self.ready_at_launch
+            .iter()
+            .filter(|&&r| r + 1 < self.params)
+            .count()
+    }
+}
+
+impl Reducer<'_> {
+    /// Call before every forward (rebuilds buckets after the first step).
+    pub fn prepare_forward(&self) -> Result<()> {
+        let r = self.handle;
+        // SAFETY: r is a live Reducer.
+        self.pg.call("reducer", |err| unsafe {
+            ht_reducer_prepare_forward(r, err, ERR_LEN)
+        })
+    }
+
+    /// Call right before `loss.backward()`.
+    pub fn prepare_backward(&self, loss: &Tensor) -> Result<()> {
+        let r = self.handle;
+        let mut l = loss.shallow_clone();
+        let p = l.as_mut_ptr() as *mut c_void;
+        // SAFETY: r is a live Reducer, p a live tensor.
+        self.pg.call("reducer", |err| unsafe {
+            ht_reducer_prepare_backward(r, p, err, ERR_LEN)
+        })
+    }
+
+    /// The last backward's bucket launches.
+    pub fn trace(&self) -> ReducerTrace {
+        let mut buf = vec![0i64; 4096];
+        let mut params = 0i64;
+        let mut compute_ns = 0i64;
+        // SAFETY: buf holds cap entries; r is live.
+        let n = unsafe {
+            ht_reducer_trace(
+                self.handle,
+                buf.as_mut_ptr(),
+                buf.len() as i64,
+                &mut params,
+                &mut compute_ns,
+            )
+        };
+        buf.truncate((n.max(0) as usize).min(4096));
+        ReducerTrace {
+            ready_at_launch: buf,
+            params,
+            backward_seconds: compute_ns.max(0) as f64 * 1e-9,
+        }
+    }
+}
+
+impl Drop for Reducer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: handle came from ht_reducer_create and is dropped once.
+        unsafe { ht_reducer_destroy(self.handle) }
+    }
+}
+
+/// Seconds spent so far inside differentiable all-reduces (synchronised
+/// BatchNorm), waiting for other ranks included; diff two readings.
+pub fn autograd_collective_seconds() -> f64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { ht_autograd_collective_ns() as f64 * 1e-9 }
 }

@@ -303,7 +303,9 @@ pub struct TrainConfig {
     /// Seconds a collective may take before the run fails.
     #[arg(long, default_value_t = 300)]
     pub collective_timeout_secs: u64,
-    /// Flattened gradient bucket size in MiB for the all-reduce.
+    /// Gradient bucket size in MiB: PyTorch's Reducer all-reduces each
+    /// bucket as soon as its gradients are ready during backward (the first
+    /// bucket is 1 MiB, as in DDP, so communication starts early).
     #[arg(long, default_value_t = 25)]
     pub bucket_mib: usize,
 

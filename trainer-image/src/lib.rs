@@ -7,7 +7,6 @@ pub mod cli;
 pub mod control;
 pub mod data;
 pub mod error;
-pub mod grad_sync;
 pub mod local_balance;
 pub mod log;
 pub mod metrics;

@@ -49,6 +49,13 @@ pub struct StepRecord {
     /// Global samples per second of wall time for this step.
     pub samples_per_second: f64,
     pub invalid_plans: u64,
+    /// Gradient buckets all-reduced this step (with a process group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<usize>,
+    /// Of those, buckets whose all-reduce started before backward had
+    /// produced every gradient (communication overlapped with compute).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlapped_buckets: Option<usize>,
     /// Wall-clock time the step ended (Unix seconds).
     pub unix_seconds: f64,
 }

@@ -17,7 +17,6 @@ use crate::cli::{BackendKind, BalancerMode, BatchNormMode, DeviceArg, ResumeMode
 use crate::control;
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
-use crate::grad_sync::GradBuckets;
 use crate::local_balance::{self, Interval, LocalBalancer};
 use crate::log::{EvalRecord, JsonlLog, StepRecord, StepTimings};
 use crate::metrics::{self, TrainerMetrics};
@@ -390,7 +389,15 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let mut warm = true;
     let mut status_since = (Instant::now(), step);
 
-    let buckets = GradBuckets::new(&params, cfg.bucket_mib.max(1) << 20);
+    // PyTorch's DDP engine over the trainable parameters (a group only).
+    let reducer = match pg {
+        Some(g) => Some(g.reducer(
+            &params,
+            cfg.bucket_mib.max(1) << 20,
+            FIRST_BUCKET_BYTES.min(cfg.bucket_mib.max(1) << 20),
+        )?),
+        None => None,
+    };
     let mut sampler = HeteroSampler::new(data.train_len(), cfg.seed, !cfg.no_shuffle);
     let mut last_acc = None;
     let mut stopped = false;
@@ -424,8 +431,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         Ok(())
     };
 
-    // The agreement for the next step boundary, carried by the previous
-    // step's gradient all-reduce (none before the first step).
+    // The agreement for the next step boundary, from the previous step's
+    // control all-reduce (none before the first step).
     let mut carried: Option<control::Agreement> = None;
     while step < total {
         let step_start = Instant::now();
@@ -468,12 +475,27 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         let mut tm = StepTimings::default();
         let t0 = Instant::now();
 
+        // Rank 0's next proposal and every stop request: a small all-reduce
+        // started now, overlapped with this step's compute and waited at its
+        // end; it takes effect at the next step boundary.
+        let proposed = propose(rank, &plan, &mut pending, source.as_mut(), &mut gate, &mx);
+        let stop_now = stop.load(Ordering::SeqCst);
+        let mut word = control::encode(rank, cfg.world_size, &proposed, stop_now);
+        let word_work = match pg {
+            Some(g) => Some(g.all_reduce_sum_async(&mut word)?),
+            None => None,
+        };
+        let waited0 = c10d::autograd_collective_seconds();
+
         let idx = sampler.rank_indices(pos, &plan, rank);
         let (x, y) = data.train_batch(&idx, device);
         sync_device(device);
         let t1 = Instant::now();
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
+        if let Some(r) = &reducer {
+            r.prepare_forward()?;
+        }
         let logits = model.forward(&x, true);
         if let Some(msg) = group_slot.take_error() {
             return Err(TrainerError::Collective {
@@ -482,47 +504,64 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             });
         }
         let loss = model.loss(&logits, &y);
+        let local_loss = loss.double_value(&[]);
         sync_device(device);
         let t2 = Instant::now();
-        tm.forward_seconds = (t2 - t1).as_secs_f64();
+        // Waiting inside synchronised BatchNorm is communication, not compute.
+        let waited1 = c10d::autograd_collective_seconds();
+        let forward_wait = (waited1 - waited0).max(0.0);
+        tm.forward_seconds = ((t2 - t1).as_secs_f64() - forward_wait).max(0.0);
+        let mut loss_sum = Tensor::from_slice(&[local_loss * scale]);
+        let loss_work = match pg {
+            Some(g) => Some(g.all_reduce_sum_async(&mut loss_sum)?),
+            None => None,
+        };
 
-        for p in &params {
-            let mut p = p.shallow_clone();
-            p.zero_grad();
-        }
+        zero_grads(&params);
         // The b_r / B weight goes into the loss, so the SUM of the ranks'
         // gradients is the gradient of the mean loss over the global batch,
         // and cross-rank terms (synchronised BatchNorm) are weighted right.
-        (&loss * scale)
-            .f_backward()
-            .map_err(|e| TrainerError::Collective {
-                op: "backward",
-                msg: e.to_string().lines().next().unwrap_or_default().to_string(),
-            })?;
-        let local_loss = loss.double_value(&[]);
+        // With a group, PyTorch's Reducer SUM-all-reduces gradient buckets
+        // while backward still runs; they are reduced when it returns.
+        let scaled = &loss * scale;
+        if let Some(r) = &reducer {
+            r.prepare_backward(&scaled)?;
+        }
+        scaled.f_backward().map_err(|e| TrainerError::Collective {
+            op: "backward",
+            msg: e.to_string().lines().next().unwrap_or_default().to_string(),
+        })?;
         sync_device(device);
         let t3 = Instant::now();
-        tm.backward_seconds = (t3 - t2).as_secs_f64();
+        let backward_wait = (c10d::autograd_collective_seconds() - waited1).max(0.0);
+        let trace = reducer.as_ref().map(|r| r.trace());
+        let local_backward = match &trace {
+            Some(t) if t.backward_seconds > 0.0 => t.backward_seconds,
+            _ => (t3 - t2).as_secs_f64(),
+        };
+        tm.backward_seconds = (local_backward - backward_wait).max(0.0);
 
-        // Rank 0's next proposal and every stop request ride with the
-        // gradients; they take effect at the next step boundary.
-        let proposed = propose(rank, &plan, &mut pending, source.as_mut(), &mut gate, &mx);
-        let stop_now = stop.load(Ordering::SeqCst);
-        let global_loss = if let Some(g) = pg {
-            let mut word = control::encode(rank, g.world_size(), &proposed, stop_now);
-            let sums = buckets.all_reduce(pg, &params, &[local_loss * scale], Some(&mut word))?;
-            carried = Some(control::decode(&word, rank, &proposed));
-            sums.first().copied().unwrap_or(f64::NAN)
+        if let Some(w) = word_work {
+            w.wait()?;
+        }
+        if let Some(w) = loss_work {
+            w.wait()?;
+        }
+        carried = Some(control::decode(&word, rank, &proposed));
+        let global_loss = if pg.is_some() {
+            loss_sum.double_value(&[0])
         } else {
-            carried = Some(control::Agreement {
-                plan: proposed,
-                stop: stop_now,
-            });
             local_loss
         };
         sync_device(device);
         let t4 = Instant::now();
-        tm.allreduce_seconds = (t4 - t3).as_secs_f64();
+        // Exposed communication: everything in forward and backward that
+        // was not local compute, plus the final waits.
+        tm.allreduce_seconds =
+            ((t4 - t1).as_secs_f64() - tm.forward_seconds - tm.backward_seconds).max(0.0);
+        let overlap = trace
+            .as_ref()
+            .map(|t| (t.overlapped_launches(), t.ready_at_launch.len()));
 
         let lr = optim::lr_at(cfg, step + 1, total);
         opt.step(&trainable, lr);
@@ -548,6 +587,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             step_seconds: step_s,
             samples_per_second: f64::from(b_global) / step_s.max(1e-12),
             invalid_plans: gate.invalid_plans,
+            buckets: overlap.map(|o| o.1),
+            overlapped_buckets: overlap.map(|o| o.0),
             unix_seconds: crate::log::unix_seconds(),
         });
         mx.observe_step(step, pos.epoch, b_local, &tm, step_s, local_loss);
@@ -647,6 +688,22 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         stopped_by_signal: stopped,
         last_eval_accuracy: last_acc,
     })
+}
+
+/// The Reducer's first bucket (as DDP's): small, so communication starts
+/// early in backward.
+const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// Zero the gradients in place (they may be views into the Reducer's
+/// bucket buffers, which must stay in place).
+fn zero_grads(params: &[Tensor]) {
+    let _guard = tch::no_grad_guard();
+    for p in params {
+        let mut g = p.grad();
+        if g.defined() {
+            let _ = g.f_zero_();
+        }
+    }
 }
 
 /// Rank 0: the plan to propose for the next step (the local balancer's
