@@ -2,7 +2,8 @@
 //!
 //! `sync` (the default): in training, every layer normalises with the
 //! statistics of the *global* batch. Each rank SUM-all-reduces its
-//! per-channel Σx, Σx² and element count through a differentiable
+//! per-channel sums (n·mean, centred sum of squares + n·mean²) and element
+//! count through a differentiable
 //! all-reduce (whose backward SUM-all-reduces the gradient), so autograd
 //! produces the cross-rank backward terms (the global sums of dy and dy·x̂)
 //! as well. Outputs, gradients and running statistics are those of one
@@ -51,14 +52,23 @@ impl HeteroBatchNorm {
         let c = xs.size().get(1).copied().unwrap_or(1).max(1);
         let dims: Vec<i64> = (0..xs.dim() as i64).filter(|&d| d != 1).collect();
         let count = (xs.numel() as i64 / c) as f64;
-        // Sums in double: E[x²] − E[x]² then loses nothing that matters.
-        let x64 = xs.to_kind(Kind::Double);
-        let s1 = x64.sum_dim_intlist(dims.as_slice(), false, Kind::Double);
-        let s2 = x64
-            .square()
-            .sum_dim_intlist(dims.as_slice(), false, Kind::Double);
+        // Local mean and centred sum of squares in the input's precision
+        // (one pass each, accurate), combined across ranks in double
+        // (Chan et al.'s parallel variance): Σ n_r·m_r and
+        // Σ (M2_r + n_r·m_r²), from which the global mean and variance.
+        let (m, m2) = if count > 0.0 {
+            let m = xs.mean_dim(dims.as_slice(), true, xs.kind());
+            let m2 = (xs - &m)
+                .square()
+                .sum_dim_intlist(dims.as_slice(), false, xs.kind());
+            (m.view([c]).to_kind(Kind::Double), m2.to_kind(Kind::Double))
+        } else {
+            let z = Tensor::zeros([c], (Kind::Double, xs.device()));
+            (z.shallow_clone(), z)
+        };
         let n = Tensor::from_slice(&[count]).to_device(xs.device());
-        let total = slot.all_reduce_sum_autograd(&Tensor::cat(&[s1, s2, n], 0))?;
+        let packed = Tensor::cat(&[&m * count, m2 + m.square() * count, n], 0);
+        let total = slot.all_reduce_sum_autograd(&packed)?;
         let n_all = total.double_value(&[2 * c]);
         let denom = n_all.max(1.0);
         let mean = total.narrow(0, 0, c) / denom;
