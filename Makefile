@@ -36,10 +36,11 @@ test: lint ## formatting, lints and every test (unit, real API server, real c10d
 fmt: ## format the code
 	@cargo fmt --all
 
-crds: ## regenerate crds/heterotrainingjob.yaml from the Rust types
+crds: ## regenerate crds/heterotrainingjob.yaml (and the chart's copy) from the Rust types
 	@$(CARGO) run -q -p heterotrain-crds --bin crdgen > crds/heterotrainingjob.yaml.tmp
 	@mv crds/heterotrainingjob.yaml.tmp crds/heterotrainingjob.yaml
-	@echo "wrote crds/heterotrainingjob.yaml"
+	@cp crds/heterotrainingjob.yaml charts/heterotrain/crds/heterotrainingjob.yaml
+	@echo "wrote crds/heterotrainingjob.yaml and charts/heterotrain/crds/heterotrainingjob.yaml"
 
 demo: setup ## the whole system on this machine (see README)
 	@bash e2e/scripts/release.sh heterotrain-demo

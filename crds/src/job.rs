@@ -231,7 +231,9 @@ impl ModelName {
 pub struct DatasetSpec {
     /// Dataset format.
     pub name: DatasetName,
-    /// Directory holding the files (`cifar10`: the binary batches; `mnist`: IDX files).
+    /// Directory holding the files (`cifar10`: the binary batches; `cifar100`:
+    /// `train.bin`/`test.bin`; `mnist`: IDX files; `tokens`: `train.bin`/`val.bin`).
+    /// With `claimName` the claim is mounted here (default `/data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// PersistentVolumeClaim mounted read-only at `path`.
@@ -255,6 +257,12 @@ pub enum DatasetName {
     Cifar10,
     /// MNIST IDX files.
     Mnist,
+    /// CIFAR-100 binary files (`train.bin`, `test.bin`); trains on the 100 fine labels.
+    Cifar100,
+    /// Flat little-endian uint16 token files `train.bin` and optional `val.bin`
+    /// (nanoGPT's layout) for `gpt`, cut into non-overlapping windows of
+    /// `model.context` + 1 tokens; every token must be below `model.vocab`.
+    Tokens,
 }
 
 impl DatasetName {
@@ -265,7 +273,22 @@ impl DatasetName {
             DatasetName::SyntheticText => "synthetic_text",
             DatasetName::Cifar10 => "cifar10",
             DatasetName::Mnist => "mnist",
+            DatasetName::Cifar100 => "cifar100",
+            DatasetName::Tokens => "tokens",
         }
+    }
+
+    /// Read from files (`path` / `claimName`), not generated.
+    pub fn from_files(&self) -> bool {
+        !matches!(
+            self,
+            DatasetName::SyntheticImage | DatasetName::SyntheticText
+        )
+    }
+
+    /// Token sequences, for `gpt`.
+    pub fn is_text(&self) -> bool {
+        matches!(self, DatasetName::SyntheticText | DatasetName::Tokens)
     }
 }
 

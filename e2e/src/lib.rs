@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod crd;
+pub mod datasets;
 pub mod keeper;
 pub mod nodesim;
 pub mod paths;

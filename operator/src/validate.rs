@@ -2,9 +2,7 @@
 //! once, or that the 1.20 API server cannot enforce (no CEL). Each problem
 //! names the field and says how to fix it. Never panics on any spec.
 
-use heterotrain_crds::{
-    Backend, DatasetName, Device, HeteroTrainingJobSpec, MetricsSource, ModelName,
-};
+use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource, ModelName};
 
 use crate::build::args::quantity_to_threads;
 use crate::names;
@@ -271,7 +269,7 @@ pub fn validate(
         }
     }
     let text_model = spec.model.name == ModelName::Gpt;
-    let text_data = spec.dataset.name == DatasetName::SyntheticText;
+    let text_data = spec.dataset.name.is_text();
     if text_model != text_data {
         bad(
             "spec.dataset.name",
@@ -279,7 +277,7 @@ pub fn validate(
                 "model {} needs {} data, but dataset is {}",
                 spec.model.name.as_str(),
                 if text_model {
-                    "token (synthetic_text)"
+                    "token (synthetic_text or tokens)"
                 } else {
                     "image"
                 },
@@ -295,7 +293,7 @@ pub fn validate(
             );
         }
     }
-    if matches!(spec.dataset.name, DatasetName::Cifar10 | DatasetName::Mnist)
+    if spec.dataset.name.from_files()
         && spec.dataset.path.is_none()
         && spec.dataset.claim_name.is_none()
     {
@@ -402,6 +400,17 @@ spec:
             let text = summary(&problems);
             assert!(text.contains(expect), "expected {expect:?} in {text:?}");
         }
+    }
+
+    #[test]
+    fn gpt_trains_on_token_files() {
+        let mut v = base();
+        merge(
+            &mut v["spec"],
+            &serde_json::json!({"model": {"name": "gpt"}, "dataset": {"name": "tokens", "claimName": "text"}}),
+        );
+        let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+        assert_eq!(validate("job", &job.spec, None), Ok(()));
     }
 
     #[test]

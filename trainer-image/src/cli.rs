@@ -77,6 +77,25 @@ pub enum DatasetKind {
     SyntheticText,
     Cifar10,
     Mnist,
+    /// CIFAR-100 binary `train.bin`/`test.bin`, trained on the 100 fine labels.
+    Cifar100,
+    /// Flat little-endian uint16 token files `train.bin`/`val.bin` (gpt).
+    Tokens,
+}
+
+impl DatasetKind {
+    /// Read from files in --data-dir (not generated).
+    pub fn from_files(self) -> bool {
+        !matches!(
+            self,
+            DatasetKind::SyntheticImage | DatasetKind::SyntheticText
+        )
+    }
+
+    /// Token sequences (for gpt) rather than images.
+    pub fn is_text(self) -> bool {
+        matches!(self, DatasetKind::SyntheticText | DatasetKind::Tokens)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -147,10 +166,11 @@ pub struct TrainConfig {
     /// Attention heads (gpt).
     #[arg(long, default_value_t = 4)]
     pub heads: i64,
-    /// Context length in tokens (gpt, synthetic_text).
+    /// Context length in tokens (gpt, synthetic_text, tokens).
     #[arg(long, default_value_t = 64)]
     pub context: i64,
-    /// Vocabulary size (gpt, synthetic_text).
+    /// Vocabulary size (gpt, synthetic_text, tokens: every token in the
+    /// files must be below it; 256 fits byte-level text).
     #[arg(long, default_value_t = 256)]
     pub vocab: i64,
 
@@ -163,7 +183,9 @@ pub struct TrainConfig {
     )]
     pub dataset: DatasetKind,
     /// Directory with the dataset files (cifar10: data_batch_*.bin, test_batch.bin;
-    /// mnist: train-images-idx3-ubyte etc., optionally .gz-free).
+    /// cifar100: train.bin, test.bin; mnist: train-images-idx3-ubyte etc.,
+    /// not gzipped; tokens: train.bin, val.bin as little-endian uint16, cut
+    /// into non-overlapping windows of --context + 1 tokens).
     #[arg(long, env = "HT_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Number of samples for the synthetic datasets.
@@ -374,11 +396,11 @@ impl TrainConfig {
                 self.eval_fraction
             ));
         }
-        if self.model == ModelKind::Gpt && self.dataset != DatasetKind::SyntheticText {
-            return Err("--model gpt trains on --dataset synthetic_text".into());
+        if self.model == ModelKind::Gpt && !self.dataset.is_text() {
+            return Err("--model gpt trains on --dataset synthetic_text or tokens".into());
         }
-        if self.dataset == DatasetKind::SyntheticText && self.model != ModelKind::Gpt {
-            return Err("--dataset synthetic_text needs --model gpt".into());
+        if self.dataset.is_text() && self.model != ModelKind::Gpt {
+            return Err("--dataset synthetic_text and tokens need --model gpt".into());
         }
         if self.model == ModelKind::Gpt && (self.heads <= 0 || self.hidden % self.heads != 0) {
             return Err(format!(
@@ -403,10 +425,8 @@ impl TrainConfig {
                 self.profile_seconds
             ));
         }
-        if matches!(self.dataset, DatasetKind::Cifar10 | DatasetKind::Mnist)
-            && self.data_dir.is_none()
-        {
-            return Err("--data-dir is required for cifar10 and mnist".into());
+        if self.dataset.from_files() && self.data_dir.is_none() {
+            return Err("--data-dir is required for cifar10, cifar100, mnist and tokens".into());
         }
         if self.model.has_batch_norm() {
             if self.resnet_width <= 0 {

@@ -1,4 +1,5 @@
-//! Runs one benchmark job on the bench cluster: creates the
+//! Runs one benchmark job on the bench cluster (jobs read the cached
+//! digits from a claim of the dataset's name): creates the
 //! HeteroTrainingJob, throttles a node mid-run when asked, waits for it to
 //! finish, collects the ranks' step logs and the operator's plan writes,
 //! and deletes it (with its pods) so the next run has the CPUs to itself.
@@ -69,6 +70,14 @@ pub struct JobParams<'a> {
 
 /// Build the HeteroTrainingJob for `p`.
 pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
+    let (format, cached) = crate::datasets::for_model(&p.model.model)?;
+    if cached != p.model.dataset {
+        bail!(
+            "model {} reads {format} data, which dataset {} is not",
+            p.model.model,
+            p.model.dataset
+        );
+    }
     let millis = ((p.core_unit * 1000.0).round() as u64).max(10);
     let workers: Vec<serde_json::Value> = p
         .nodes
@@ -99,7 +108,7 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
         "spec": {
             "workers": workers,
             "model": {"name": p.model.model},
-            "dataset": {"name": "synthetic_image", "syntheticSamples": p.model.synthetic_samples},
+            "dataset": {"name": format, "claimName": p.model.dataset},
             "training": {
                 "globalBatchSize": p.global_batch,
                 "maxSteps": p.steps,
@@ -144,9 +153,11 @@ pub struct JobRun {
 
 impl BenchCluster {
     /// Start the control plane with `nodes`, the operator (scrape every 1 s,
-    /// decide at most every `rebalance_interval` s) and a namespace for the jobs.
+    /// decide at most every `rebalance_interval` s) and a namespace for the
+    /// jobs, with a claim for each of the cached `datasets`.
     pub async fn start(
         nodes: NodesFile,
+        datasets: &[&str],
         core_unit: f64,
         rebalance_interval: f64,
         verbose: bool,
@@ -166,6 +177,9 @@ impl BenchCluster {
         let client = system.client().await?;
         let namespace = "bench".to_string();
         system.create_namespace(&namespace).await?;
+        for d in datasets {
+            crate::datasets::provide_claim(&client, system.sim.state_dir(), &namespace, d).await?;
+        }
         Ok(BenchCluster {
             system,
             client,

@@ -24,7 +24,8 @@ use heterotrain_e2e::bench::{
     long_about = "Starts a local control plane (real kube-apiserver, scheduler, controller-manager) \
 with simulated nodes whose speed is a CPU quota, and the real operator. For each model and \
 scenario it first runs every rank alone on its node (the ideal is the sum of those rates), then \
-trains the same job under each balancing policy, one run at a time. It also reports plan \
+trains the same job under each balancing policy, one run at a time, on scikit-learn's digits \
+(from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries) and reports held-out accuracy. It also reports plan \
 propagation latency, the trainer against PyTorch DDP, and the operator at 50/200/500 jobs × 8 \
 ranks. Writes results.json, results.csv, results.md and PNG plots to --out. \
 The whole default bench takes about 20-25 minutes on a 2-core machine; targets are reported, \
@@ -298,7 +299,7 @@ async fn cluster_run(
         series,
     };
     say(&format!(
-        "    {:.0} samples/s = {:.2} × ideal ({:.0}){}; plan {:?} after {} change(s); balance CV {:.1}%; {:.0} s",
+        "    {:.0} samples/s = {:.2} × ideal ({:.0}){}; plan {:?} after {} change(s); balance CV {:.1}%; held-out accuracy {}; {:.0} s",
         result.summary.samples_per_second,
         result.efficiency,
         result.ideal,
@@ -309,6 +310,11 @@ async fn cluster_run(
         result.summary.final_plan,
         result.summary.plan_changes,
         result.summary.balance_cv_percent,
+        result
+            .summary
+            .final_accuracy
+            .map(|a| format!("{:.1}%", a * 100.0))
+            .unwrap_or_else(|| "-".into()),
         result.wall_seconds
     ));
     if let Some(rc) = &result.recovery {
@@ -358,12 +364,21 @@ async fn training(cli: &Cli, st: &mut State, out: &Path) -> Result<()> {
                 * policies.len()
         })
         .sum();
+    // The real data the jobs train on, from `make setup`'s cache.
+    let mut data: Vec<&str> = models.iter().map(|m| m.dataset.as_str()).collect();
+    data.sort_unstable();
+    data.dedup();
+    for d in &data {
+        let dir = heterotrain_e2e::datasets::dir(d)?;
+        say(&format!("==> dataset {d}: {}", dir.display()));
+    }
     say(&format!(
         "==> starting the local control plane with {} simulated nodes and the operator",
         runner::nodes_file(&all_nodes).nodes.len()
     ));
     let mut cl = BenchCluster::start(
         runner::nodes_file(&all_nodes),
+        &data,
         cli.core_unit,
         cli.rebalance_interval,
         cli.verbose,

@@ -1,12 +1,15 @@
 //! `heterotrain-demo` (`make demo`): the whole system on this machine. Brings
 //! up the local control plane with simulated nodes of different speed and the
-//! operator, applies `examples/quickstart.yaml`, shows a live per-rank table,
-//! then runs the equal split on the same nodes and prints the comparison.
+//! operator, applies `examples/quickstart.yaml` (a CNN on scikit-learn's
+//! digits, which `make setup` builds into the cache and the demo offers as
+//! the claim the job names), shows a live per-rank table, then runs the
+//! equal split on the same nodes and prints the comparison, with the
+//! held-out accuracy of both runs.
 //! The cluster stays up afterwards for exploring with kubectl.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -26,7 +29,9 @@ use kube::Client;
     long_about = "Starts (or reuses) the local control plane `demo` with three simulated \
 nodes of different speed and the operator, trains examples/quickstart.yaml with dynamic \
 balancing while showing a live table, then trains the same job with the equal split on \
-the same nodes and prints the throughput of both. The cluster stays up; `--down` stops it."
+the same nodes and prints the throughput and held-out accuracy of both. A job whose \
+dataset names a claim gets it filled from `make setup`'s datasets (digits-mnist, \
+digits-cifar10, pystdlib-bytes). The cluster stays up; `--down` stops it."
 )]
 struct Cli {
     /// Stop the demo cluster and exit.
@@ -142,7 +147,8 @@ struct RunResult {
     steady_samples_per_second: f64,
     converge: Option<Duration>,
     final_plan: Vec<u32>,
-    accuracy: Option<f64>,
+    /// Rank 0's last held-out evaluation, and on how many samples.
+    accuracy: Option<(f64, Option<u64>)>,
     nodes: BTreeMap<u32, String>,
     elapsed: Duration,
 }
@@ -173,9 +179,22 @@ async fn rank_pods(client: &Client, ns: &str, job: &str) -> Result<Vec<(u32, Str
     Ok(out)
 }
 
+/// Rank 0's last `eval` record in its step log on the simulated node:
+/// (accuracy, samples evaluated).
+fn logged_accuracy(state_dir: &Path, ns: &str, job: &str) -> Option<(f64, Option<u64>)> {
+    let path = heterotrain_e2e::bench::runner::rank_log_path(state_dir, ns, job, 0)?;
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["event"] == "eval")
+        .and_then(|v| Some((v["eval_accuracy"].as_f64()?, v["eval_samples"].as_u64())))
+}
+
 /// Train `job` to completion, drawing the live table; returns the measurements.
 async fn run_job(
     client: &Client,
+    state_dir: &Path,
     ns: &str,
     job: HeteroTrainingJob,
     title: &str,
@@ -246,7 +265,7 @@ async fn run_job(
                     }
                 }
                 if let Some(a) = s.accuracy {
-                    accuracy = Some(a);
+                    accuracy = Some((a, None));
                 }
                 r.last = Some((now, s));
             }
@@ -342,7 +361,8 @@ async fn run_job(
         steady_samples_per_second: steady,
         converge,
         final_plan: plan.map(|p| p.batch_sizes).unwrap_or_default(),
-        accuracy,
+        // The log has the final evaluation; the last scrape may predate it.
+        accuracy: logged_accuracy(state_dir, ns, &name).or(accuracy),
         nodes: ranks.iter().map(|r| (r.rank, r.node.clone())).collect(),
         elapsed: t0.elapsed(),
     })
@@ -378,6 +398,43 @@ fn equal_split_twin(
     Ok(twin)
 }
 
+/// Offer the cached dataset `claim` (`make setup` builds them into
+/// `$HETEROTRAIN_CACHE/data`) to the demo's jobs as a claim of that name.
+async fn provide_dataset(client: &Client, state_dir: &Path, ns: &str, claim: &str) -> Result<()> {
+    use heterotrain_e2e::datasets;
+    if !datasets::ALL.contains(&claim) {
+        bail!(
+            "the demo fills claims named after the datasets of `make setup` ({}); the job asks for {claim:?}",
+            datasets::ALL.join(", ")
+        );
+    }
+    println!(
+        "==> dataset: claim {ns}/{claim} with {}",
+        datasets::dir(claim)?.display()
+    );
+    datasets::provide_claim(client, state_dir, ns, claim).await
+}
+
+fn dataset_label(job: &HeteroTrainingJob) -> String {
+    let d = &job.spec.dataset;
+    match &d.claim_name {
+        Some(c) => format!("{} files from claim {c}", d.name.as_str()),
+        None => format!(
+            "{} files in {}",
+            d.name.as_str(),
+            d.path.as_deref().unwrap_or("?")
+        ),
+    }
+}
+
+fn accuracy_text(a: Option<(f64, Option<u64>)>) -> String {
+    match a {
+        Some((a, Some(n))) => format!("{:.1}% of {n}", a * 100.0),
+        Some((a, None)) => format!("{:.1}%", a * 100.0),
+        None => "(no evaluation reported)".into(),
+    }
+}
+
 async fn demo(cli: &Cli) -> Result<()> {
     let t0 = Instant::now();
     println!("==> starting the local control plane `demo` with simulated nodes and the operator");
@@ -405,17 +462,27 @@ async fn demo(cli: &Cli) -> Result<()> {
     let text = std::fs::read_to_string(&cli.job)
         .with_context(|| format!("reading {}", cli.job.display()))?;
     let job: HeteroTrainingJob = serde_yaml::from_str(&text)?;
+    // The simulated nodes keep their state (claims, pod logs) beside the kubeconfig.
+    let state_dir = Path::new(&kubeconfig)
+        .parent()
+        .ok_or_else(|| anyhow!("kubeconfig {kubeconfig} has no directory"))?
+        .to_path_buf();
+    if let Some(claim) = &job.spec.dataset.claim_name {
+        provide_dataset(&client, &state_dir, &cli.namespace, claim)
+            .await
+            .with_context(|| format!("providing the dataset claim {claim}"))?;
+    }
     println!(
         "==> training {} with {} balancing",
         cli.job.display(),
         job.spec.load_balancing.policy.as_str()
     );
-    let balanced = run_job(&client, &cli.namespace, job.clone(), "balanced").await?;
+    let balanced = run_job(&client, &state_dir, &cli.namespace, job.clone(), "balanced").await?;
     let mut equal = None;
     if !cli.no_baseline {
         println!("\n==> the same job with the equal split, on the same nodes (baseline)");
         let twin = equal_split_twin(&job, &balanced.nodes)?;
-        equal = Some(run_job(&client, &cli.namespace, twin, "equal split").await?);
+        equal = Some(run_job(&client, &state_dir, &cli.namespace, twin, "equal split").await?);
     }
     println!("\n==> summary");
     println!("  ranks on nodes:           {:?}", balanced.nodes);
@@ -440,19 +507,19 @@ async fn demo(cli: &Cli) -> Result<()> {
         Some(d) => println!("  time to final plan:       {d:.1?} after the first step"),
         None => println!("  time to final plan:       plan never changed"),
     }
-    let synthetic = matches!(
-        job.spec.dataset.name,
-        heterotrain_crds::DatasetName::SyntheticImage
-            | heterotrain_crds::DatasetName::SyntheticText
+    let note = if job.spec.dataset.name.from_files() {
+        format!(" ({})", dataset_label(&job))
+    } else {
+        " (synthetic data with random labels: chance level)".to_string()
+    };
+    println!(
+        "  held-out accuracy:        {} balanced{}{note}",
+        accuracy_text(balanced.accuracy),
+        equal
+            .as_ref()
+            .map(|e| format!(", {} equal split", accuracy_text(e.accuracy)))
+            .unwrap_or_default()
     );
-    match balanced.accuracy {
-        Some(a) if synthetic => println!(
-            "  held-out accuracy:        {:.1}% (synthetic data with random labels: chance level)",
-            a * 100.0
-        ),
-        Some(a) => println!("  held-out accuracy:        {:.1}%", a * 100.0),
-        None => println!("  held-out accuracy:        (no evaluation reported)"),
-    }
     println!(
         "  wall time:                {:.0?} (balanced run {:.0?})",
         t0.elapsed(),

@@ -1,9 +1,11 @@
 //! Datasets held in memory as tensors: synthetic images and text
-//! (deterministic by seed), CIFAR-10 binary batches, MNIST IDX files.
+//! (deterministic by seed), CIFAR-10 and CIFAR-100 binary files, MNIST IDX
+//! files, and flat uint16 token files (nanoGPT's `train.bin`/`val.bin`).
 
 pub mod cifar;
 pub mod mnist;
 pub mod synthetic;
+pub mod tokens;
 
 use tch::{Device, Kind, Tensor};
 
@@ -103,6 +105,8 @@ pub fn load(cfg: &TrainConfig) -> Result<Dataset> {
         ),
         DatasetKind::Cifar10 => cifar::load(&dir()?, cfg.eval_fraction)?,
         DatasetKind::Mnist => mnist::load(&dir()?, cfg.eval_fraction)?,
+        DatasetKind::Cifar100 => cifar::load_cifar100(&dir()?, cfg.eval_fraction)?,
+        DatasetKind::Tokens => tokens::load(&dir()?, cfg.context, cfg.vocab, cfg.eval_fraction)?,
     };
     if ds.train_len() < cfg.batch_size as usize {
         return Err(TrainerError::Data(format!(
