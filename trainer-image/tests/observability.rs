@@ -316,9 +316,17 @@ fn local_balancer_moves_samples_to_the_faster_rank() {
     let gen = s0[by - 1]["generation"].as_u64().unwrap_or(0);
     eprintln!("step {by}: generation {gen}, batches [{b0}, {b1}]");
     assert!(
-        gen >= 1 && b0 > b1 + 16,
+        gen >= 1 && b0 > b1,
         "no shift to the fast rank by step {by}: [{b0}, {b1}]"
     );
+    // By the end the shift is substantial. (How fast it gets there depends
+    // on how much the other test binaries load this machine: the measured
+    // contrast between the ranks shrinks when the fast one is starved too.)
+    let (e0, e1) = (
+        s0[49]["batch_size"].as_u64().unwrap_or(0),
+        s1[49]["batch_size"].as_u64().unwrap_or(0),
+    );
+    assert!(e0 > e1 + 16, "final split [{e0}, {e1}]");
     // Step times are reported, not asserted: timing belongs to benchmarks.
     let wall = |lo: usize, hi: usize| {
         s0[lo..hi]
