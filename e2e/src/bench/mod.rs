@@ -125,7 +125,8 @@ pub struct ModelRun {
 /// Default model runs, sized so the whole bench takes about 20 minutes on
 /// a 2-core machine. `scale` shortens every run (`--quick`). Both conv nets
 /// train on scikit-learn's digits in the CIFAR-10 layout (1,497 train and
-/// 300 held-out images, 3×32×32) from `make setup`'s cache.
+/// 300 held-out images, 3×32×32) from `make setup`'s cache; the mlp on the
+/// same digits as 8×8 MNIST IDX files.
 pub fn model_runs(scale: f64) -> Vec<ModelRun> {
     let s = |n: u64| ((n as f64 * scale).round() as u64).max(20);
     vec![
@@ -139,6 +140,18 @@ pub fn model_runs(scale: f64) -> Vec<ModelRun> {
             learning_rate: "0.02".into(),
             dataset: crate::datasets::DIGITS_CIFAR10.into(),
             scenarios: scenarios().into_iter().map(|s| s.name).collect(),
+        },
+        ModelRun {
+            // No BatchNorm and no convolution: the cheapest model, where
+            // exactness shows as the same held-out accuracy under every
+            // policy (8×8 digits as MNIST IDX).
+            model: "mlp".into(),
+            global_batch: 128,
+            steps: s(240),
+            standalone_steps: s(80),
+            learning_rate: "0.05".into(),
+            dataset: crate::datasets::DIGITS_MNIST.into(),
+            scenarios: vec!["two-node".into()],
         },
         ModelRun {
             model: "resnet18".into(),

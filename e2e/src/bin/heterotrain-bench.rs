@@ -35,8 +35,8 @@ struct Cli {
     /// Output directory.
     #[arg(long, default_value = "out/bench")]
     out: PathBuf,
-    /// Models to run (comma-separated): simple_cnn, resnet18.
-    #[arg(long, value_delimiter = ',', default_value = "simple_cnn,resnet18")]
+    /// Models to run (comma-separated): simple_cnn, mlp, resnet18.
+    #[arg(long, value_delimiter = ',', default_value = "simple_cnn,mlp,resnet18")]
     models: Vec<String>,
     /// Scenarios (comma-separated): two-node, four-node, throttle, homogeneous.
     #[arg(
@@ -495,7 +495,7 @@ fn parse_ddp(text: &str) -> Vec<DdpRow> {
 fn validate(cli: &Cli) -> Result<()> {
     for m in &cli.models {
         if !model_runs(1.0).iter().any(|x| &x.model == m) {
-            bail!("unknown model {m:?} (simple_cnn, resnet18)");
+            bail!("unknown model {m:?} (simple_cnn, mlp, resnet18)");
         }
     }
     for s in &cli.scenarios {
