@@ -25,7 +25,7 @@ use heterotrain_e2e::bench::{
 with simulated nodes whose speed is a CPU quota, and the real operator. For each model and \
 scenario it first runs every rank alone on its node (the ideal is the sum of those rates), then \
 trains the same job under each balancing policy, one run at a time, on scikit-learn's digits \
-(from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries) and reports held-out accuracy. It also reports plan \
+(from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries for the conv nets, as 8x8 MNIST IDX files for the mlp) and reports held-out accuracy. It also reports plan \
 propagation latency, the trainer against PyTorch DDP, and the operator at 50/200/500 jobs × 8 \
 ranks. Writes results.json, results.csv, results.md and PNG plots to --out. \
 The whole default bench takes about 20-25 minutes on a 2-core machine; targets are reported, \
