@@ -166,7 +166,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "## Throughput per policy and scenario\n");
     let _ = writeln!(
         s,
-        "Samples/s over the steady state (the last half of the steps); ideal = Σ of each rank's samples/s alone on its node (no communication); × static = against the equal split in the same scenario; step = the steady step time, of which compute = the slowest rank's compute (mean over steps), the rest being all-reduce and synchronisation; accuracy = rank 0's last held-out evaluation (the models train on scikit-learn's digits, 1,497 train and 300 held-out images as 3×32×32 CIFAR-10 binaries from `make setup`).\n"
+        "Samples/s over the steady state (the last half of the steps); ideal = Σ of each rank's samples/s alone on its node (no communication); × static = against the equal split in the same scenario; step = the steady step time, of which compute = the slowest rank's compute (mean over steps), the rest being all-reduce and synchronisation; accuracy = rank 0's last held-out evaluation (the models train on scikit-learn's digits, 1,497 train and 300 held-out images from `make setup`: 3×32×32 CIFAR-10 binaries for the conv nets, 8×8 MNIST IDX for the mlp).\n"
     );
     let _ = writeln!(
         s,
