@@ -103,13 +103,7 @@ fn sync_batch_norm_resnet18_20_9_3_resplit_matches_single_process() {
     );
     write_plan(&plan, 1, &[28, 3, 1]);
     let outs = wait_all(children, Duration::from_secs(240));
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {r}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    assert_all_ok(&outs);
     let got = load_weights(&multi.join("model.safetensors"));
     assert_finite(&got, "3 ranks");
     let (dp, np) = max_diff_of(&want, &got, |n| {

@@ -108,13 +108,7 @@ fn equivalence_with_plan_change_mid_run() {
         );
         write_plan(&plan, 1, &[28, 3, 1]);
         let outs = wait_all(children, Duration::from_secs(120));
-        for (r, o) in outs.iter().enumerate() {
-            assert!(
-                o.status.success(),
-                "rank {r}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
+        assert_all_ok(&outs);
         let got = load_weights(&out.join("model.safetensors"));
         let d = max_abs_diff(&want, &got);
         assert!(d <= 1e-5, "{model}: max |Δparam| = {d:e}");

@@ -137,13 +137,7 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
     std::thread::sleep(Duration::from_millis(800));
     let second = http_get(&addr, "/metrics").expect("scrape 2");
     let outs = wait_all(children, Duration::from_secs(180));
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {r}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    assert_all_ok(&outs);
 
     let lint = Command::new("promtool")
         .args(["check", "metrics"])
@@ -277,13 +271,7 @@ fn local_balancer_moves_samples_to_the_faster_rank() {
         .collect();
     let outs = wait_all(children, Duration::from_secs(240));
     slow.remove();
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {r}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    assert_all_ok(&outs);
     let status: Vec<String> = String::from_utf8_lossy(&outs[0].stderr)
         .lines()
         .filter(|l| l.starts_with("status:"))

@@ -194,13 +194,7 @@ fn configmap_plan_switches_all_ranks_at_the_same_step() {
         unsafe { libc::kill(*pid, libc::SIGTERM) };
     }
     let outs = wait_all(children, Duration::from_secs(60));
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {r}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    assert_all_ok(&outs);
     // Every step: same generation on both ranks, batches as that generation says.
     let (r0, r1) = (step_rows(d, 0), step_rows(d, 1));
     let n = r0.len().min(r1.len());

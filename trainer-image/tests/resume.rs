@@ -300,14 +300,7 @@ fn sigterm_finishes_step_checkpoints_and_exits_zero() {
         .unwrap()
         .success());
     let outs = wait_all(children, Duration::from_secs(60));
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {r}: {:?} {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    assert_all_ok(&outs);
     let stopped = last_step(&out, 0);
     assert!((5..40).contains(&stopped), "stopped at {stopped}");
     assert_eq!(

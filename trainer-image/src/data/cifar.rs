@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tch::Tensor;
 
-use super::{normalize_u8, split_tail, DataShape, Dataset};
+use super::{normalize_u8, with_eval, DataShape, Dataset};
 use crate::error::{Result, TrainerError};
 
 const PIXELS: usize = 3 * 32 * 32;
@@ -123,12 +123,11 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
     let x = Tensor::cat(&train.iter().map(|t| &t.0).collect::<Vec<_>>(), 0);
     let y = Tensor::cat(&train.iter().map(|t| &t.1).collect::<Vec<_>>(), 0);
     let test = dir.join("test_batch.bin");
-    let (train_x, train_y, eval_x, eval_y) = if test.exists() {
-        let (ex, ey) = read_file(CIFAR10, &test)?;
-        (x, y, ex, ey)
-    } else {
-        split_tail(x, y, eval_fraction)
-    };
+    let eval = test
+        .exists()
+        .then(|| read_file(CIFAR10, &test))
+        .transpose()?;
+    let (train_x, train_y, eval_x, eval_y) = with_eval(x, y, eval, eval_fraction);
     Ok(dataset(CIFAR10, (train_x, train_y), (eval_x, eval_y)))
 }
 
@@ -144,12 +143,11 @@ pub fn load_cifar100(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
     }
     let (x, y) = read_file(CIFAR100, &train)?;
     let test = dir.join("test.bin");
-    let (train_x, train_y, eval_x, eval_y) = if test.exists() {
-        let (ex, ey) = read_file(CIFAR100, &test)?;
-        (x, y, ex, ey)
-    } else {
-        split_tail(x, y, eval_fraction)
-    };
+    let eval = test
+        .exists()
+        .then(|| read_file(CIFAR100, &test))
+        .transpose()?;
+    let (train_x, train_y, eval_x, eval_y) = with_eval(x, y, eval, eval_fraction);
     Ok(dataset(CIFAR100, (train_x, train_y), (eval_x, eval_y)))
 }
 

@@ -60,6 +60,20 @@ fn gather(x: &Tensor, y: &Tensor, idx: &[usize], device: Device) -> (Tensor, Ten
     )
 }
 
+/// The dataset's own held-out split when it has one, else the last
+/// `fraction` of the train rows (see [`split_tail`]).
+pub fn with_eval(
+    x: Tensor,
+    y: Tensor,
+    eval: Option<(Tensor, Tensor)>,
+    fraction: f64,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    match eval {
+        Some((ex, ey)) => (x, y, ex, ey),
+        None => split_tail(x, y, fraction),
+    }
+}
+
 /// Split the last `fraction` of rows off as the eval split.
 pub fn split_tail(x: Tensor, y: Tensor, fraction: f64) -> (Tensor, Tensor, Tensor, Tensor) {
     let n = x.size()[0];

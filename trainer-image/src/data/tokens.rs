@@ -17,7 +17,7 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
-use super::{split_tail, DataShape, Dataset};
+use super::{with_eval, DataShape, Dataset};
 use crate::error::{Result, TrainerError};
 
 /// Parse a flat little-endian `u16` token file, checking every token is
@@ -83,10 +83,8 @@ pub fn load(dir: &Path, context: i64, vocab: i64, eval_fraction: f64) -> Result<
             dir.display()
         ))
     })?;
-    let (train_x, train_y, eval_x, eval_y) = match read(dir, "val.bin", context, vocab)? {
-        Some((ex, ey)) => (x, y, ex, ey),
-        None => split_tail(x, y, eval_fraction),
-    };
+    let (train_x, train_y, eval_x, eval_y) =
+        with_eval(x, y, read(dir, "val.bin", context, vocab)?, eval_fraction);
     Ok(Dataset {
         shape: DataShape::Text { context, vocab },
         train_x,

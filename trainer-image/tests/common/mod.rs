@@ -73,9 +73,8 @@ pub fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<Output> {
         .collect()
 }
 
-/// Run a job to the end and require every rank to succeed.
-pub fn run_ok(world: usize, args: &[String]) -> Vec<Output> {
-    let outs = wait_all(spawn_ranks(world, args), Duration::from_secs(240));
+/// Require every rank to have exited successfully (stderr in the message).
+pub fn assert_all_ok(outs: &[Output]) {
     for (r, o) in outs.iter().enumerate() {
         assert!(
             o.status.success(),
@@ -84,6 +83,12 @@ pub fn run_ok(world: usize, args: &[String]) -> Vec<Output> {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+/// Run a job to the end and require every rank to succeed.
+pub fn run_ok(world: usize, args: &[String]) -> Vec<Output> {
+    let outs = wait_all(spawn_ranks(world, args), Duration::from_secs(240));
+    assert_all_ok(&outs);
     outs
 }
 
