@@ -343,6 +343,34 @@ pub struct TrainingSpec {
     /// statistics are averaged across ranks, weighted by local batch.
     #[serde(default)]
     pub batch_norm: BatchNormMode,
+    /// Who runs the optimizer update. `proportional` (default): each rank
+    /// updates (and keeps optimizer state for) a contiguous share of the
+    /// parameters sized in proportion to its local batch, then broadcasts
+    /// it, so a slow rank pays little of the update. `replicated`: every
+    /// rank updates every parameter. Both give the same parameters.
+    #[serde(default)]
+    pub optimizer_sharding: OptimizerSharding,
+}
+
+/// Who runs the optimizer update.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerSharding {
+    /// Shares in proportion to the local batches.
+    #[default]
+    Proportional,
+    /// Every rank updates everything.
+    Replicated,
+}
+
+impl OptimizerSharding {
+    /// The name as the trainer's `--optimizer-sharding` flag spells it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OptimizerSharding::Proportional => "proportional",
+            OptimizerSharding::Replicated => "replicated",
+        }
+    }
 }
 
 /// How BatchNorm layers compute batch statistics in training.

@@ -271,6 +271,21 @@ int ht_pg_broadcast(void* h, at::Tensor* t, int root, char* err, size_t err_len)
   });
 }
 
+// Start an in-place broadcast from `root`; wait the handle with ht_work_wait.
+int ht_pg_broadcast_async(void* h, at::Tensor* t, int root, void** work, char* err,
+                          size_t err_len) {
+  auto g = static_cast<HtGroup*>(h);
+  *work = nullptr;
+  return guarded(err, err_len, [&] {
+    std::vector<at::Tensor> ts{*t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = g->timeout;
+    auto w = backend_for(g, *t).broadcast(ts, o);
+    *work = new c10::intrusive_ptr<c10d::Work>(std::move(w));
+  });
+}
+
 // outs: world tensors, each shaped like *t.
 int ht_pg_allgather(void* h, at::Tensor* t, at::Tensor** outs, char* err,
                     size_t err_len) {

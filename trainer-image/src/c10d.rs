@@ -48,6 +48,14 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    fn ht_pg_broadcast_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        root: c_int,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn ht_pg_allgather(
         h: *mut c_void,
         t: *mut c_void,
@@ -135,7 +143,7 @@ pub struct ProcessGroup {
 // SAFETY: the C++ group is used from one thread at a time (&mut / owned).
 unsafe impl Send for ProcessGroup {}
 
-/// An in-flight asynchronous all-reduce; `wait` it before using the tensor.
+/// An in-flight asynchronous collective; `wait` it before using the tensor.
 pub struct PendingWork<'a> {
     pg: &'a ProcessGroup,
     work: *mut c_void,
@@ -337,6 +345,30 @@ impl ProcessGroup {
         // SAFETY: p is a live at::Tensor*.
         self.call("broadcast", |err| unsafe {
             ht_pg_broadcast(h, p, root as c_int, err, ERR_LEN)
+        })
+    }
+
+    /// Start an in-place broadcast from `root` of a CPU (or NCCL-able)
+    /// tensor; it must stay alive and untouched until the work is waited.
+    pub fn broadcast_async(&self, t: &mut Tensor, root: usize) -> Result<PendingWork<'_>> {
+        Self::check(t)?;
+        if !self.direct(t) {
+            return Err(TrainerError::Collective {
+                op: "broadcast",
+                msg: "async broadcast needs a host tensor when NCCL is off".into(),
+            });
+        }
+        let h = self.handle;
+        let p = t.as_mut_ptr() as *mut c_void;
+        let mut work: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is a live at::Tensor*; work receives a heap handle.
+        self.call("broadcast", |err| unsafe {
+            ht_pg_broadcast_async(h, p, root as c_int, &mut work, err, ERR_LEN)
+        })?;
+        Ok(PendingWork {
+            pg: self,
+            work,
+            op: "broadcast",
         })
     }
 

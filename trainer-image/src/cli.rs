@@ -54,6 +54,18 @@ impl ModelKind {
     }
 }
 
+/// Who runs the optimizer update (see `--optimizer-sharding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum OptimizerSharding {
+    /// Each rank updates a contiguous range of the parameters sized in
+    /// proportion to its local batch, then broadcasts it.
+    Proportional,
+    /// Every rank updates every parameter.
+    Replicated,
+}
+
 /// How BatchNorm layers compute batch statistics in training.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -216,6 +228,17 @@ pub struct TrainConfig {
     /// Optimizer.
     #[arg(long, value_enum, default_value = "sgd")]
     pub optimizer: OptimizerKind,
+    /// Who runs the optimizer update: `proportional` shards it (and its
+    /// state) across ranks in proportion to their local batches, so a slow
+    /// rank updates little; `replicated` updates everything on every rank.
+    /// The result is the same either way.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "proportional",
+        env = "HT_OPTIMIZER_SHARDING"
+    )]
+    pub optimizer_sharding: OptimizerSharding,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,

@@ -17,6 +17,7 @@ pub mod plan_source;
 pub mod plan_watch;
 pub mod profile;
 pub mod sampler;
+pub mod shard;
 pub mod train;
 
 pub use error::{Result, TrainerError};

@@ -56,6 +56,8 @@ pub struct StepRecord {
     /// produced every gradient (communication overlapped with compute).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlapped_buckets: Option<usize>,
+    /// Parameter elements this rank's optimizer updated (its shard).
+    pub optimizer_elements: i64,
     /// Wall-clock time the step ended (Unix seconds).
     pub unix_seconds: f64,
 }

@@ -1,10 +1,15 @@
 //! Optimizers (SGD with momentum / weight decay, AdamW) and learning-rate
 //! schedules (linear warmup, then constant, cosine or step). Written over
-//! tensors so their state is plain named tensors, easy to checkpoint.
+//! the flat parameter buffer ([`crate::shard`]) so a rank can update just
+//! its range; the state is plain tensors, named per parameter for
+//! checkpoints.
 
 use tch::Tensor;
 
+use crate::c10d::ProcessGroup;
 use crate::cli::{OptimizerKind, ScheduleKind, TrainConfig};
+use crate::error::Result;
+use crate::shard::{FlatParams, Layout};
 
 /// Learning rate at (1-based) step `step` of `total`.
 pub fn lr_at(cfg: &TrainConfig, step: u64, total: u64) -> f64 {
@@ -24,7 +29,9 @@ pub fn lr_at(cfg: &TrainConfig, step: u64, total: u64) -> f64 {
     }
 }
 
-/// Optimizer over a fixed, ordered list of named trainable tensors.
+/// Optimizer over the range `[lo, hi)` of the flat parameters this rank
+/// updates (all of them in one process or with sharding off). Its state
+/// covers exactly that range.
 pub struct Optimizer {
     kind: OptimizerKind,
     momentum: f64,
@@ -34,20 +41,16 @@ pub struct Optimizer {
     eps: f64,
     /// Number of updates applied so far (AdamW bias correction).
     pub steps: u64,
-    /// Per-parameter state: SGD momentum buffer, or AdamW (m, v).
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    range: (i64, i64),
+    /// SGD momentum buffer, or AdamW's m; AdamW's v. Flat, over `range`.
+    m: Tensor,
+    v: Option<Tensor>,
 }
 
 impl Optimizer {
-    pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)]) -> Self {
-        let zeros = || {
-            params
-                .iter()
-                .map(|(_, p)| p.zeros_like())
-                .collect::<Vec<_>>()
-        };
+    pub fn new(cfg: &TrainConfig, flat: &FlatParams, range: (i64, i64)) -> Self {
         let adam = cfg.optimizer == OptimizerKind::Adamw;
+        let zeros = || Tensor::zeros([range.1 - range.0], (flat.kind(), flat.device()));
         Optimizer {
             kind: cfg.optimizer,
             momentum: cfg.momentum,
@@ -56,81 +59,139 @@ impl Optimizer {
             beta2: 0.999,
             eps: 1e-8,
             steps: 0,
+            range,
             m: zeros(),
-            v: if adam { zeros() } else { Vec::new() },
+            v: adam.then(zeros),
         }
     }
 
-    /// One update with the parameters' current `.grad()`.
-    pub fn step(&mut self, params: &[(String, Tensor)], lr: f64) {
+    /// The range of the flat parameters this optimizer updates.
+    pub fn range(&self) -> (i64, i64) {
+        self.range
+    }
+
+    /// One update of the owned range with the parameters' current `.grad()`.
+    /// Element-wise, so a range updates exactly as in the whole update.
+    pub fn step(&mut self, flat: &FlatParams, lr: f64) {
         let _guard = tch::no_grad_guard();
         self.steps += 1;
-        match self.kind {
-            OptimizerKind::Sgd => {
-                for ((_, p), buf) in params.iter().zip(self.m.iter_mut()) {
-                    let mut g = p.grad();
-                    if !g.defined() {
-                        continue;
-                    }
-                    if self.weight_decay != 0.0 {
-                        g += p * self.weight_decay;
-                    }
-                    let mut p = p.shallow_clone();
-                    if self.momentum != 0.0 {
-                        // buf starts at 0, so the first step gives buf = g (PyTorch's rule).
-                        let _ = buf.g_mul_scalar_(self.momentum).g_add_(&g);
-                        let _ = p.g_add_(&(&*buf * -lr));
-                    } else {
-                        let _ = p.g_add_(&(g * -lr));
-                    }
-                }
+        let t = self.steps as i32;
+        for piece in flat.pieces(self.range) {
+            let full = flat.param(piece.param).grad();
+            if !full.defined() {
+                continue;
             }
-            OptimizerKind::Adamw => {
-                let t = self.steps as i32;
+            let g = full.reshape([-1]).narrow(0, piece.in_param, piece.len);
+            let p = flat.range((
+                self.range.0 + piece.in_range,
+                self.range.0 + piece.in_range + piece.len,
+            ));
+            let m = self.m.narrow(0, piece.in_range, piece.len);
+            let v = self
+                .v
+                .as_ref()
+                .map(|v| v.narrow(0, piece.in_range, piece.len));
+            self.update(p, g, m, v, lr, t);
+        }
+    }
+
+    fn update(
+        &self,
+        mut p: Tensor,
+        mut g: Tensor,
+        mut m: Tensor,
+        v: Option<Tensor>,
+        lr: f64,
+        t: i32,
+    ) {
+        match (self.kind, v) {
+            (OptimizerKind::Adamw, Some(mut v)) => {
                 let bc1 = 1.0 - self.beta1.powi(t);
                 let bc2 = 1.0 - self.beta2.powi(t);
-                for (((_, p), m), v) in params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut())
-                {
-                    let g = p.grad();
-                    if !g.defined() {
-                        continue;
-                    }
-                    let mut p = p.shallow_clone();
-                    if self.weight_decay != 0.0 {
-                        let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
-                    }
-                    let _ = m
-                        .g_mul_scalar_(self.beta1)
-                        .g_add_(&(&g * (1.0 - self.beta1)));
-                    let _ = v
-                        .g_mul_scalar_(self.beta2)
-                        .g_add_(&(&g * &g * (1.0 - self.beta2)));
-                    let denom = (&*v / bc2).sqrt() + self.eps;
-                    let _ = p.g_add_(&(&*m / &denom * (-lr / bc1)));
+                if self.weight_decay != 0.0 {
+                    let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
+                }
+                let _ = m
+                    .g_mul_scalar_(self.beta1)
+                    .g_add_(&(&g * (1.0 - self.beta1)));
+                let _ = v
+                    .g_mul_scalar_(self.beta2)
+                    .g_add_(&(&g * &g * (1.0 - self.beta2)));
+                let denom = (&v / bc2).sqrt() + self.eps;
+                let _ = p.g_add_(&(&m / &denom * (-lr / bc1)));
+            }
+            _ => {
+                if self.weight_decay != 0.0 {
+                    g = &g + &p * self.weight_decay;
+                }
+                if self.momentum != 0.0 {
+                    // m starts at 0, so the first step gives m = g (PyTorch's rule).
+                    let _ = m.g_mul_scalar_(self.momentum).g_add_(&g);
+                    let _ = p.g_add_(&(&m * -lr));
+                } else {
+                    let _ = p.g_add_(&(g * -lr));
                 }
             }
         }
     }
 
-    /// State as named tensors (`momentum.<param>` or `exp_avg.<param>`,
-    /// `exp_avg_sq.<param>`), in parameter order.
-    pub fn state(&self, params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
-        let first = match self.kind {
-            OptimizerKind::Sgd => "momentum",
-            OptimizerKind::Adamw => "exp_avg",
-        };
-        let mut out: Vec<(String, Tensor)> = params
+    /// This rank's state tensors, flat over its range.
+    fn local_state(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.m).chain(self.v.as_ref()).collect()
+    }
+
+    /// Names of the state tensors (`momentum`, or `exp_avg` and `exp_avg_sq`).
+    fn state_names(&self) -> &'static [&'static str] {
+        match self.kind {
+            OptimizerKind::Sgd => &["momentum"],
+            OptimizerKind::Adamw => &["exp_avg", "exp_avg_sq"],
+        }
+    }
+
+    /// The whole optimizer state (every owner's range), flat, one tensor
+    /// per state name. Collective under a sharded layout: every rank calls
+    /// it at the same step.
+    pub fn gather(
+        &self,
+        pg: Option<&ProcessGroup>,
+        rank: usize,
+        layout: &Layout,
+        len: i64,
+    ) -> Result<Vec<Tensor>> {
+        self.local_state()
+            .into_iter()
+            .map(|t| layout.gather(pg, rank, t, len))
+            .collect()
+    }
+
+    /// The whole state as named tensors shaped like the parameters
+    /// (`momentum.<param>`, or `exp_avg.<param>` and `exp_avg_sq.<param>`).
+    pub fn named(
+        &self,
+        full: &[Tensor],
+        flat: &FlatParams,
+        names: &[String],
+    ) -> Vec<(String, Tensor)> {
+        full.iter()
+            .zip(self.state_names())
+            .flat_map(|(t, prefix)| flat.unflatten(t, names, prefix))
+            .collect()
+    }
+
+    /// Zeroed whole-state tensors, to load a checkpoint into.
+    pub fn empty_full(&self, flat: &FlatParams) -> Vec<Tensor> {
+        self.state_names()
             .iter()
-            .zip(&self.m)
-            .map(|((n, _), t)| (format!("{first}.{n}"), t.shallow_clone()))
-            .collect();
-        out.extend(
-            params
-                .iter()
-                .zip(&self.v)
-                .map(|((n, _), t)| (format!("exp_avg_sq.{n}"), t.shallow_clone())),
-        );
-        out
+            .map(|_| Tensor::zeros([flat.len()], (flat.kind(), flat.device())))
+            .collect()
+    }
+
+    /// Take this rank's range `range` of the whole state `full`.
+    pub fn adopt(&mut self, full: &[Tensor], range: (i64, i64)) {
+        let take = |t: &Tensor| t.narrow(0, range.0, range.1 - range.0).copy();
+        self.range = range;
+        self.m = take(&full[0]);
+        self.v = full.get(1).filter(|_| self.v.is_some()).map(take);
     }
 }
 
@@ -180,13 +241,13 @@ mod tests {
     fn sgd_momentum_matches_hand_computation() {
         let c = cfg(&["--momentum", "0.9", "--weight-decay", "0.1"]);
         let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
-        let params = vec![("w".to_string(), p.shallow_clone())];
-        let mut o = Optimizer::new(&c, &params);
+        let flat = FlatParams::new(&[p.shallow_clone()]).unwrap();
+        let mut o = Optimizer::new(&c, &flat, (0, flat.len()));
         for _ in 0..2 {
             let mut q = p.shallow_clone();
             q.zero_grad();
             (&p * &p).sum(Kind::Float).backward();
-            o.step(&params, 0.1);
+            o.step(&flat, 0.1);
         }
         // g1 = 2w + 0.1w = 2.1w; buf1 = g1; w1 = w - 0.1 g1 = 0.79 w
         // g2 = 2.1 w1; buf2 = 0.9 buf1 + g2; w2 = w1 - 0.1 buf2
@@ -200,19 +261,75 @@ mod tests {
             "{}",
             p.double_value(&[0])
         );
-        assert_eq!(o.state(&params)[0].0, "momentum.w");
+        let full = o
+            .gather(None, 0, &Layout::Replicated { len: 2 }, 2)
+            .unwrap();
+        assert_eq!(o.named(&full, &flat, &["w".into()])[0].0, "momentum.w");
     }
 
     #[test]
     fn adamw_first_step_moves_by_lr() {
         let c = cfg(&["--optimizer", "adamw"]);
         let p = Tensor::from_slice(&[3.0f32]).set_requires_grad(true);
-        let params = vec![("w".to_string(), p.shallow_clone())];
-        let mut o = Optimizer::new(&c, &params);
+        let flat = FlatParams::new(&[p.shallow_clone()]).unwrap();
+        let mut o = Optimizer::new(&c, &flat, (0, 1));
         (&p * 5.0).sum(Kind::Float).backward();
-        o.step(&params, 0.01);
+        o.step(&flat, 0.01);
         // bias-corrected m/sqrt(v) = 1 → step of exactly lr
         assert!((p.double_value(&[0]) - 2.99).abs() < 1e-6);
-        assert_eq!(o.state(&params).len(), 2);
+        let full = o
+            .gather(None, 0, &Layout::Replicated { len: 1 }, 1)
+            .unwrap();
+        assert_eq!(o.named(&full, &flat, &["w".into()]).len(), 2);
+    }
+
+    /// Two optimizers over complementary ranges (cut inside a parameter)
+    /// end with exactly the parameters and state of one whole update.
+    #[test]
+    fn ranges_update_exactly_like_the_whole() {
+        for kind in ["sgd", "adamw"] {
+            let c = cfg(&[
+                "--optimizer",
+                kind,
+                "--momentum",
+                "0.9",
+                "--weight-decay",
+                "0.01",
+            ]);
+            let make = || {
+                // Fixed values (the global RNG is shared with parallel tests).
+                let opts = (Kind::Float, tch::Device::Cpu);
+                let a = (Tensor::arange(15, opts).view([3, 5]) * 0.37 - 2.1).sin();
+                let b = (Tensor::arange(7, opts) * 0.91 + 0.3).cos();
+                let (a, b) = (a.set_requires_grad(true), b.set_requires_grad(true));
+                (a, b)
+            };
+            let run = |cuts: &[(i64, i64)]| {
+                let (a, b) = make();
+                let flat = FlatParams::new(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
+                let mut opts: Vec<Optimizer> =
+                    cuts.iter().map(|&r| Optimizer::new(&c, &flat, r)).collect();
+                for _ in 0..3 {
+                    for t in [&a, &b] {
+                        t.shallow_clone().zero_grad();
+                    }
+                    ((&a * &a).sum(Kind::Float) + (&b * &b * &b).sum(Kind::Float)).backward();
+                    for o in &mut opts {
+                        o.step(&flat, 0.05);
+                    }
+                }
+                let state: Vec<Tensor> = opts.iter().map(|o| o.m.shallow_clone()).collect();
+                (flat.range((0, 22)).copy(), Tensor::cat(&state, 0))
+            };
+            let (whole_p, whole_m) = run(&[(0, 22)]);
+            let (cut_p, cut_m) = run(&[(0, 9), (9, 22)]);
+            assert!(whole_p.equal(&cut_p), "{kind}: parameters differ");
+            assert!(whole_m.equal(&cut_m), "{kind}: state differs");
+            let (moved, _) = {
+                let (a, b) = make();
+                (Tensor::cat(&[a.view(-1), b], 0), ())
+            };
+            assert!(!moved.equal(&whole_p), "{kind}: nothing was updated");
+        }
     }
 }

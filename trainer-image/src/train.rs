@@ -13,7 +13,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, GroupSlot, ProcessGroup, RendezvousConfig};
 use crate::checkpoint::{self, Fingerprint, Snapshot};
-use crate::cli::{BackendKind, BalancerMode, BatchNormMode, DeviceArg, ResumeMode, TrainConfig};
+use crate::cli::{
+    BackendKind, BalancerMode, BatchNormMode, DeviceArg, OptimizerSharding, ResumeMode, TrainConfig,
+};
 use crate::control;
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
@@ -27,6 +29,7 @@ use crate::plan_source::{FilePlanSource, NoPlanSource, PlanGate, PlanSource};
 use crate::plan_watch::ConfigMapPlanSource;
 use crate::profile;
 use crate::sampler::{steps_per_epoch, HeteroSampler, SamplerPosition};
+use crate::shard::{FlatParams, Layout};
 
 /// What a finished run reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -291,7 +294,14 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let model = models::build(&vs.root(), cfg, &data.shape, &group_slot)?;
     let (all_vars, trainable) = named_vars(&vs);
     let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
-    let mut opt = Optimizer::new(cfg, &trainable);
+    let param_names: Vec<String> = trainable.iter().map(|(n, _)| n.clone()).collect();
+    // One flat buffer under every parameter; the optimizer updates a range.
+    let flat = FlatParams::new(&params)?;
+    let n_flat = flat.len();
+    let sharded = cfg.optimizer_sharding == OptimizerSharding::Proportional;
+    // Replicated (whole state everywhere) until the first agreed plan.
+    let mut layout = Layout::Replicated { len: n_flat };
+    let mut opt = Optimizer::new(cfg, &flat, layout.own(cfg.rank));
 
     let pg = join(cfg, device)?;
     let pg = pg.as_ref();
@@ -312,7 +322,11 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let fingerprint = Fingerprint::of(cfg, data.train_len());
     if rank == 0 && cfg.resume == ResumeMode::Auto {
         if let Some(dir) = &cfg.checkpoint_dir {
-            let optim_state = opt.state(&trainable);
+            let optim_state = opt.named(
+                &opt.gather(None, rank, &layout, n_flat)?,
+                &flat,
+                &param_names,
+            );
             let found = checkpoint::resume(dir, &fingerprint, |m| {
                 checkpoint::load_files(
                     dir,
@@ -355,7 +369,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     }
     broadcast_all(pg, &all_vars)?;
     if meta[0] == 1 {
-        broadcast_all(pg, &opt.state(&trainable))?;
+        let whole = opt.gather(None, rank, &layout, n_flat)?;
+        broadcast_all(pg, &opt.named(&whole, &flat, &param_names))?;
         step = meta[1] as u64;
         pos = SamplerPosition {
             epoch: meta[2] as u64,
@@ -406,7 +421,15 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
 
-    let save = |step: u64, pos: SamplerPosition, plan: &BatchPlan, opt: &Optimizer| -> Result<()> {
+    // Every rank calls it at the same step: the optimizer state is
+    // gathered from its owners; rank 0 writes.
+    let save = |step: u64,
+                pos: SamplerPosition,
+                plan: &BatchPlan,
+                opt: &Optimizer,
+                layout: &Layout|
+     -> Result<()> {
+        let whole = opt.gather(pg, rank, layout, n_flat)?;
         if rank != 0 {
             return Ok(());
         }
@@ -425,7 +448,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 model: &model_name,
                 fingerprint: &fingerprint,
                 weights: &all_vars,
-                optimizer: &opt.state(&trainable),
+                optimizer: &opt.named(&whole, &flat, &param_names),
             },
         )?;
         Ok(())
@@ -467,6 +490,14 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             plan = agreed.plan;
             mx.set_plan(plan.generation, plan.batch_sizes[rank]);
             warm = true;
+        }
+
+        // The optimizer ranges follow the plan (the state moves with them).
+        let wanted = Layout::for_plan(n_flat, &plan.batch_sizes, sharded);
+        if wanted != layout {
+            let whole = opt.gather(pg, rank, &layout, n_flat)?;
+            opt.adopt(&whole, wanted.own(rank));
+            layout = wanted;
         }
 
         let b_local = plan.batch_sizes[rank];
@@ -564,9 +595,14 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             .map(|t| (t.overlapped_launches(), t.ready_at_launch.len()));
 
         let lr = optim::lr_at(cfg, step + 1, total);
-        opt.step(&trainable, lr);
+        opt.step(&flat, lr);
         sync_device(device);
-        tm.optimizer_seconds = t4.elapsed().as_secs_f64();
+        let t5 = Instant::now();
+        tm.optimizer_seconds = (t5 - t4).as_secs_f64();
+        // Owners hand out their updated ranges (sharded layout only).
+        layout.share(pg, &flat.range((0, n_flat)))?;
+        sync_device(device);
+        tm.allreduce_seconds += t5.elapsed().as_secs_f64();
 
         step += 1;
         // Includes the step-boundary agreement.
@@ -589,6 +625,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
             invalid_plans: gate.invalid_plans,
             buckets: overlap.map(|o| o.1),
             overlapped_buckets: overlap.map(|o| o.0),
+            optimizer_elements: opt.range().1 - opt.range().0,
             unix_seconds: crate::log::unix_seconds(),
         });
         mx.observe_step(step, pos.epoch, b_local, &tm, step_s, local_loss);
@@ -660,7 +697,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
                 &all_vars,
                 f64::from(plan.batch_sizes[rank]) / f64::from(plan.global_batch_size),
             )?;
-            save(step, pos, &plan, &opt)?;
+            save(step, pos, &plan, &opt, &layout)?;
         }
         if cfg.step_sleep_ms > 0 {
             std::thread::sleep(Duration::from_millis(cfg.step_sleep_ms));
@@ -674,7 +711,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         f64::from(plan.batch_sizes.get(rank).copied().unwrap_or(0))
             / f64::from(plan.global_batch_size.max(1)),
     )?;
-    save(step, pos, &plan, &opt)?;
+    save(step, pos, &plan, &opt, &layout)?;
     mx.set_finished();
     if rank == 0 {
         write_weights(&cfg.output_dir.join("model.safetensors"), &all_vars)?;

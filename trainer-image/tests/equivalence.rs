@@ -265,3 +265,74 @@ fn equivalence_gpt_on_text_adamw_two_unequal_ranks() {
         losses[19]
     );
 }
+
+/// The sharded optimizer update (the default): 3 ranks (16, 8, 8) then
+/// (20, 9, 3) from a mid-run re-split, across an epoch boundary, for SGD
+/// with momentum and weight decay and for AdamW, end with the parameters of
+/// one process with B = 32; the shards really were unequal and moved with
+/// the plan.
+#[test]
+fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
+    for (opt, lr) in [("sgd", "0.005"), ("adamw", "0.001")] {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |out: &Path| {
+            let mut a = base("mlp", out);
+            // 320 samples, 10% held out: 9 steps per epoch of B = 32.
+            set_flag(&mut a, "--synthetic-samples", "320");
+            set_flag(&mut a, "--lr", lr);
+            a.extend(args(&["--optimizer", opt]));
+            a
+        };
+        let single = dir.path().join("single");
+        run_ok(1, &with(&single));
+        let want = load_weights(&single.join("model.safetensors"));
+
+        let out = dir.path().join("multi");
+        let plan = dir.path().join("plan.json");
+        write_plan(&plan, 0, &[16, 8, 8]);
+        let mut a = with(&out);
+        a.extend(path_arg("--plan-file", &plan));
+        a.extend(args(&["--step-sleep-ms", "150"]));
+        let children = spawn_ranks(3, &a);
+        assert!(
+            wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 5),
+            "rank 0 never reached step 5"
+        );
+        write_plan(&plan, 1, &[20, 9, 3]);
+        assert_all_ok(&wait_all(children, Duration::from_secs(120)));
+        let got = load_weights(&out.join("model.safetensors"));
+        let d = max_abs_diff(&want, &got);
+        assert!(d <= 1e-5, "{opt}: max |Δparam| = {d:e}");
+
+        let logs: Vec<Vec<serde_json::Value>> = (0..3)
+            .map(|r| steps(&log_records(&out, r)).into_iter().cloned().collect())
+            .collect();
+        let field = |r: usize, i: usize, k: &str| logs[r][i][k].as_u64().unwrap();
+        // Crossed an epoch boundary and switched plans before the end.
+        assert!(
+            logs[0].iter().any(|s| s["epoch"] == 1),
+            "{opt}: one epoch only"
+        );
+        let last = logs[0].len() - 1;
+        assert_eq!(field(0, last, "generation"), 1, "{opt}: never re-split");
+        // Shards: proportional to the batches, tiling every parameter.
+        let shards =
+            |i: usize| -> Vec<u64> { (0..3).map(|r| field(r, i, "optimizer_elements")).collect() };
+        let (first, end) = (shards(0), shards(last));
+        let total: u64 = first.iter().sum();
+        assert_eq!(end.iter().sum::<u64>(), total, "{opt}: {first:?} {end:?}");
+        assert!(
+            first[1].abs_diff(first[2]) <= 1 && first[0].abs_diff(2 * first[1]) <= 2,
+            "{opt}: (16, 8, 8) shards {first:?}"
+        );
+        assert!(
+            end[0] > end[1] && end[1] > end[2] && end[2] > 0,
+            "{opt}: (20, 9, 3) shards {end:?}"
+        );
+        assert!(
+            (end[2] as f64 / total as f64 - 3.0 / 32.0).abs() < 1e-3,
+            "{opt}: rank 2 updates {} of {total}",
+            end[2]
+        );
+    }
+}

@@ -62,6 +62,15 @@ fn newest_ckpt_step(dir: &Path) -> u64 {
 #[test]
 fn sigkill_then_resume_auto_matches_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
+    // Unequal ranks: the optimizer state is sharded 17 : 7 and has to be
+    // gathered into each checkpoint and re-split on resume.
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[17, 7]);
+    let base = |out: &Path, ck: &Path| {
+        let mut a = base(out, ck);
+        a.extend(path_arg("--plan-file", &plan));
+        a
+    };
     let (out_a, ck_a) = (dir.path().join("a"), dir.path().join("ck-a"));
     run_ok(2, &base(&out_a, &ck_a));
     let want = load_weights(&out_a.join("model.safetensors"));
@@ -118,6 +127,18 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
             max_abs_diff(&want, &got)
         );
     }
+    // The resumed ranks updated unequal shards of the parameters.
+    let shard = |r: usize| {
+        steps(&log_records(&out_b, r)).last().unwrap()["optimizer_elements"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        shard(0) > 2 * shard(1) && shard(1) > 0,
+        "{} {}",
+        shard(0),
+        shard(1)
+    );
 }
 
 /// The manifest of the checkpoint at `step`.

@@ -115,6 +115,7 @@ pub fn trainer_args(spec: &HeteroTrainingJobSpec, group: &WorkerGroup) -> Vec<St
     if m.name.has_batch_norm() {
         push("batch-norm", t.batch_norm.as_str().into());
     }
+    push("optimizer-sharding", t.optimizer_sharding.as_str().into());
     push("seed", t.seed.to_string());
     push(
         "backend",

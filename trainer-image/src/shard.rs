@@ -1,0 +1,333 @@
+//! The optimizer update sharded across ranks in proportion to their local
+//! batches (ZeRO stage 1 with unequal shards).
+//!
+//! Every trainable parameter lives in one flat buffer (each parameter's
+//! data is a view of it, so the model is unchanged). Rank r owns the
+//! contiguous range `[lo_r, hi_r)` of that buffer, its length proportional
+//! to b_r: after the gradient all-reduce every rank holds the whole summed
+//! gradient, but only the owner updates (and keeps optimizer state for)
+//! each element; the owners then broadcast their ranges. A rank with a
+//! small batch (a slow rank, under a balanced plan) updates little, one
+//! with no samples nothing. The update is element-wise, so each element
+//! sees the same arithmetic as in one process: the maths stays exact.
+//! When the plan changes the ranges move with it ([`Layout::for_plan`]).
+
+use tch::{Device, Kind, Tensor};
+
+use crate::c10d::{PendingWork, ProcessGroup};
+use crate::error::{Result, TrainerError};
+
+/// Every trainable parameter in one contiguous 1-D buffer.
+pub struct FlatParams {
+    flat: Tensor,
+    /// The parameters (the same tensors the model uses), in order.
+    params: Vec<Tensor>,
+    /// Where each parameter starts in `flat`, and its element count.
+    spans: Vec<(i64, i64)>,
+}
+
+impl FlatParams {
+    /// Move `params` into one buffer; each parameter's data becomes a view
+    /// of it, so every holder of the parameter (the model, the Reducer, the
+    /// checkpoint code) sees the buffer. All parameters must share a dtype
+    /// and device.
+    pub fn new(params: &[Tensor]) -> Result<FlatParams> {
+        let (kind, device) = match params.first() {
+            Some(p) => (p.kind(), p.device()),
+            None => (Kind::Float, Device::Cpu),
+        };
+        if params
+            .iter()
+            .any(|p| p.kind() != kind || p.device() != device)
+        {
+            return Err(TrainerError::Config(
+                "the optimizer needs every trainable parameter on one device with one dtype".into(),
+            ));
+        }
+        let mut spans = Vec::with_capacity(params.len());
+        let mut total = 0i64;
+        for p in params {
+            let n = p.numel() as i64;
+            spans.push((total, n));
+            total += n;
+        }
+        let flat = Tensor::zeros([total], (kind, device));
+        let _guard = tch::no_grad_guard();
+        for (p, &(off, n)) in params.iter().zip(&spans) {
+            let mut view = flat.narrow(0, off, n).view(p.size().as_slice());
+            view.copy_(p);
+            p.shallow_clone().set_data(&view);
+        }
+        Ok(FlatParams {
+            flat,
+            params: params.iter().map(Tensor::shallow_clone).collect(),
+            spans,
+        })
+    }
+
+    /// Number of elements over all parameters.
+    pub fn len(&self) -> i64 {
+        self.spans.last().map(|&(o, n)| o + n).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.flat.kind()
+    }
+
+    pub fn device(&self) -> Device {
+        self.flat.device()
+    }
+
+    /// The elements `[lo, hi)` of the buffer (a view).
+    pub fn range(&self, (lo, hi): (i64, i64)) -> Tensor {
+        self.flat.narrow(0, lo, hi - lo)
+    }
+
+    /// For each parameter overlapping `[lo, hi)`: the parameter's index,
+    /// the overlap's offset inside the parameter, its offset inside the
+    /// range, and its length.
+    pub fn pieces(&self, (lo, hi): (i64, i64)) -> impl Iterator<Item = Piece> + '_ {
+        self.spans
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, &(off, n))| {
+                let a = lo.max(off);
+                let b = hi.min(off + n);
+                (a < b).then_some(Piece {
+                    param: i,
+                    in_param: a - off,
+                    in_range: a - lo,
+                    len: b - a,
+                })
+            })
+    }
+
+    pub fn param(&self, i: usize) -> &Tensor {
+        &self.params[i]
+    }
+
+    /// Views of a flat tensor shaped like each parameter, named `prefix.<name>`.
+    pub fn unflatten(
+        &self,
+        flat: &Tensor,
+        names: &[String],
+        prefix: &str,
+    ) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .zip(&self.spans)
+            .zip(names)
+            .map(|((p, &(off, n)), name)| {
+                (
+                    format!("{prefix}.{name}"),
+                    flat.narrow(0, off, n).view(p.size().as_slice()),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Part of one parameter inside a range (see [`FlatParams::pieces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub param: usize,
+    pub in_param: i64,
+    pub in_range: i64,
+    pub len: i64,
+}
+
+/// Who updates which elements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Every rank updates everything (one process, or sharding off).
+    Replicated { len: i64 },
+    /// Rank r updates `bounds[r]`; the ranges tile `[0, len)` in rank order.
+    Sharded { bounds: Vec<(i64, i64)> },
+}
+
+impl Layout {
+    /// Ranges in proportion to the plan's local batches (`sharded`), or the
+    /// whole buffer on every rank.
+    pub fn for_plan(len: i64, batch_sizes: &[u32], sharded: bool) -> Layout {
+        if sharded && batch_sizes.len() > 1 {
+            Layout::Sharded {
+                bounds: proportional_bounds(len, batch_sizes),
+            }
+        } else {
+            Layout::Replicated { len }
+        }
+    }
+
+    /// The range `rank` updates.
+    pub fn own(&self, rank: usize) -> (i64, i64) {
+        match self {
+            Layout::Replicated { len } => (0, *len),
+            Layout::Sharded { bounds } => bounds.get(rank).copied().unwrap_or((0, 0)),
+        }
+    }
+
+    /// Ranges with at least one element, with their owners.
+    fn owners(&self) -> Vec<(usize, (i64, i64))> {
+        match self {
+            Layout::Replicated { .. } => Vec::new(),
+            Layout::Sharded { bounds } => bounds
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|(_, (lo, hi))| hi > lo)
+                .collect(),
+        }
+    }
+
+    /// After each owner updated its range: every owner broadcasts it, so
+    /// all ranks hold the whole updated buffer. Collective: every rank
+    /// calls it at the same step. Returns the seconds spent waiting.
+    pub fn share(&self, pg: Option<&ProcessGroup>, flat: &Tensor) -> Result<()> {
+        let Some(pg) = pg else { return Ok(()) };
+        let owners = self.owners();
+        if owners.is_empty() {
+            return Ok(());
+        }
+        let mut parts: Vec<Tensor> = owners
+            .iter()
+            .map(|&(_, (lo, hi))| flat.narrow(0, lo, hi - lo))
+            .collect();
+        if flat.device() != Device::Cpu && !pg.has_nccl() {
+            // Staged through host memory: one at a time.
+            for (part, &(root, _)) in parts.iter_mut().zip(&owners) {
+                pg.broadcast(part, root)?;
+            }
+            return Ok(());
+        }
+        let mut works: Vec<PendingWork<'_>> = Vec::with_capacity(parts.len());
+        for (part, &(root, _)) in parts.iter_mut().zip(&owners) {
+            works.push(pg.broadcast_async(part, root)?);
+        }
+        for w in works {
+            w.wait()?;
+        }
+        Ok(())
+    }
+
+    /// The whole flat tensor of which this rank holds `own` (its range of
+    /// `local`, a tensor of the own range's length), assembled on every rank.
+    pub fn gather(
+        &self,
+        pg: Option<&ProcessGroup>,
+        rank: usize,
+        local: &Tensor,
+        len: i64,
+    ) -> Result<Tensor> {
+        match self {
+            Layout::Replicated { .. } => Ok(local.shallow_clone()),
+            Layout::Sharded { .. } => {
+                let full = Tensor::zeros([len], (local.kind(), local.device()));
+                let (lo, hi) = self.own(rank);
+                if hi > lo {
+                    full.narrow(0, lo, hi - lo).copy_(local);
+                }
+                self.share(pg, &full)?;
+                Ok(full)
+            }
+        }
+    }
+}
+
+/// Contiguous ranges of `len` elements, rank r's of length ≈ len·b_r/B
+/// (boundaries floor(len·Σ_{q<r} b_q / B); equal ranges when B is 0).
+pub fn proportional_bounds(len: i64, weights: &[u32]) -> Vec<(i64, i64)> {
+    let n = weights.len();
+    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    let cut = |k: usize| -> i64 {
+        let num: u128 = if sum == 0 {
+            k as u128
+        } else {
+            weights[..k].iter().map(|&w| u128::from(w)).sum()
+        };
+        let den = if sum == 0 { n as u128 } else { sum };
+        (len.max(0) as u128 * num / den.max(1)) as i64
+    };
+    (0..n).map(|r| (cut(r), cut(r + 1))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_tile_the_buffer_in_proportion() {
+        let b = proportional_bounds(1000, &[20, 9, 3]);
+        assert_eq!(b, vec![(0, 625), (625, 906), (906, 1000)]);
+        let b = proportional_bounds(10, &[1, 0, 1]);
+        assert_eq!(b, vec![(0, 5), (5, 5), (5, 10)]);
+        let b = proportional_bounds(7, &[0, 0]);
+        assert_eq!(b, vec![(0, 3), (3, 7)]);
+        assert_eq!(proportional_bounds(0, &[3, 1]), vec![(0, 0), (0, 0)]);
+    }
+
+    #[test]
+    fn layout_for_plan() {
+        assert_eq!(
+            Layout::for_plan(100, &[3, 1], false),
+            Layout::Replicated { len: 100 }
+        );
+        assert_eq!(
+            Layout::for_plan(100, &[4], true),
+            Layout::Replicated { len: 100 }
+        );
+        let l = Layout::for_plan(100, &[3, 1], true);
+        assert_eq!(l.own(0), (0, 75));
+        assert_eq!(l.own(1), (75, 100));
+        assert_eq!(l.own(7), (0, 0));
+    }
+
+    #[test]
+    fn parameters_become_views_of_one_buffer() {
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0])
+            .view([2, 2])
+            .set_requires_grad(true);
+        let b = Tensor::from_slice(&[5.0f32, 6.0]).set_requires_grad(true);
+        let held = a.shallow_clone();
+        let flat = FlatParams::new(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(flat.len(), 6);
+        // Writing the buffer changes what the model's handles see.
+        let _ = flat.range((3, 5)).fill_(0.0);
+        assert_eq!(
+            Vec::<f32>::try_from(held.view(-1)).unwrap(),
+            vec![1.0, 2.0, 3.0, 0.0]
+        );
+        assert_eq!(Vec::<f32>::try_from(&b).unwrap(), vec![0.0, 6.0]);
+        assert!(held.requires_grad());
+        let pieces: Vec<Piece> = flat.pieces((3, 5)).collect();
+        assert_eq!(
+            pieces,
+            vec![
+                Piece {
+                    param: 0,
+                    in_param: 3,
+                    in_range: 0,
+                    len: 1
+                },
+                Piece {
+                    param: 1,
+                    in_param: 0,
+                    in_range: 1,
+                    len: 1
+                },
+            ]
+        );
+        let named = flat.unflatten(&flat.range((0, 6)), &["a".into(), "b".into()], "m");
+        assert_eq!(named[0].0, "m.a");
+        assert_eq!(named[0].1.size(), vec![2, 2]);
+        // Gradients still reach the parameters after the move.
+        (&held * 2.0).sum(Kind::Float).backward();
+        assert_eq!(
+            Vec::<f32>::try_from(held.grad().view(-1)).unwrap(),
+            vec![2.0; 4]
+        );
+    }
+}
