@@ -342,3 +342,6 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     }
     d
 }
+
+#[cfg(test)]
+mod tests;

@@ -128,3 +128,6 @@ pub fn advance(
     check(v, &plan)?;
     Ok(plan)
 }
+
+#[cfg(test)]
+mod tests;

@@ -88,3 +88,46 @@ fn operator_prometheus_url_satisfies_prometheus_jobs() {
     assert!(validate("job", &job.spec, None).is_err());
     assert!(validate("job", &job.spec, Some("http://prom:9090")).is_ok());
 }
+
+#[test]
+fn check_gives_identity_and_sizes_once() {
+    let job = crate::testing::fixture("mixed.yaml");
+    let v = crate::testing::valid(&job);
+    assert_eq!(
+        (v.name.as_str(), v.namespace.as_str()),
+        ("mixed", "research")
+    );
+    assert_eq!(v.uid(), "6f1c2a9e-0000-4000-8000-000000000001");
+    assert_eq!(v.owner.kind, "HeteroTrainingJob");
+    assert_eq!(v.owner.controller, Some(true));
+    assert_eq!(v.world_size, 3);
+    assert_eq!(v.layout, [(0, 0), (1, 0), (1, 1)]);
+    assert_eq!(v.global_batch, 96);
+    assert_eq!(v.policy, heterotrain_balancer::Policy::Dynamic);
+    assert_eq!(v.gang(), 0);
+}
+
+#[test]
+fn check_separates_a_bad_spec_from_missing_metadata() {
+    let mut v = base();
+    merge(
+        &mut v["spec"],
+        &serde_json::json!({"training": {"globalBatchSize": 2}}),
+    );
+    v["metadata"]["uid"] = "u-1".into();
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    match check(&job, None).expect("namespace set") {
+        Checked::Invalid {
+            namespace,
+            problems,
+        } => {
+            assert_eq!(namespace, "ns");
+            assert_eq!(problems[0].field, "spec.training.globalBatchSize");
+        }
+        Checked::Valid(_) => panic!("a global batch of 2 over 4 ranks is invalid"),
+    }
+    let mut no_ns = job.clone();
+    no_ns.metadata.namespace = None;
+    let err = check(&no_ns, None).expect_err("no namespace");
+    assert_eq!(err.to_string(), "object is missing metadata.namespace");
+}
