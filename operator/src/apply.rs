@@ -1,13 +1,13 @@
 //! Apply stage: server-side apply of the desired children under one field
-//! manager, and the deletes the lifecycle stage asked for.
+//! manager, and the deletes the lifecycle stage asked for. Objects come in
+//! built; nothing here decides what they contain.
 
-use heterotrain_crds::{BatchPlan, HeteroTrainingJob};
+use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
-use kube::{Client, ResourceExt};
+use kube::Client;
 use serde::Serialize;
 
-use crate::build::{plan::plan_configmap, JobRef};
 use crate::error::{Error, Result};
 use crate::names::FIELD_MANAGER;
 
@@ -49,8 +49,8 @@ pub async fn service(client: &Client, ns: &str, svc: &Service) -> Result<()> {
     Ok(())
 }
 
-/// Apply a plan ConfigMap.
-pub async fn plan(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
+/// Apply a ConfigMap.
+pub async fn configmap(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
     apply(
         &Api::<ConfigMap>::namespaced(client.clone(), ns),
         cm,
@@ -58,12 +58,6 @@ pub async fn plan(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
     )
     .await?;
     Ok(())
-}
-
-/// Write `plan` as the job's current plan.
-pub async fn write_plan(client: &Client, job: &HeteroTrainingJob, plan: &BatchPlan) -> Result<()> {
-    let r = JobRef::of(job)?;
-    self::plan(client, &r.namespace, &plan_configmap(&r, plan)).await
 }
 
 /// Create (apply) a rank pod.
@@ -89,17 +83,14 @@ pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<
     Ok(())
 }
 
-/// Delete the job (its children follow by garbage collection).
-pub async fn delete_job(client: &Client, job: &HeteroTrainingJob) -> Result<()> {
-    let ns = job
-        .namespace()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
-    let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
+/// Delete the job `name` (its children follow by garbage collection).
+pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<()> {
+    let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         ..Default::default()
     };
-    match api.delete(&job.name_any(), &dp).await {
+    match api.delete(name, &dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

@@ -1,12 +1,13 @@
 //! Adapter between the operator and `heterotrain-balancer`: turns a job's
 //! `loadBalancing` into a balancer config, feeds it scraped [`RankMetrics`]
-//! and turns its decisions into [`BatchPlan`]s. Everything balancer-specific
+//! and turns its decisions into [`NewPlan`] splits. Everything balancer-specific
 //! the operator touches is in this file.
 
 use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Policy, Quality};
 use heterotrain_crds::{BalancePolicy, BatchPlan, HeteroTrainingJobSpec};
 
 use crate::scrape::{RankMetrics, RankProfile};
+use crate::validate::ValidatedJob;
 
 /// The balancer policy for a job's policy.
 pub fn policy_of(p: BalancePolicy) -> Policy {
@@ -34,7 +35,8 @@ pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) ->
     }
 }
 
-/// A plan the balancer wants written.
+/// A split the balancer wants written (`crate::plan::advance` makes it the
+/// next generation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewPlan {
     pub batch_sizes: Vec<u32>,
@@ -42,23 +44,6 @@ pub struct NewPlan {
     pub gain_percent: f64,
     pub predicted_step_seconds: f64,
     pub policy: &'static str,
-}
-
-impl NewPlan {
-    /// As the next generation after `current`.
-    pub fn into_plan(self, current: &BatchPlan) -> BatchPlan {
-        BatchPlan {
-            generation: current.generation + 1,
-            global_batch_size: current.global_batch_size,
-            batch_sizes: self.batch_sizes,
-            policy: self.policy.to_string(),
-            reason: self.reason,
-            predicted_step_seconds: self
-                .predicted_step_seconds
-                .is_finite()
-                .then_some(self.predicted_step_seconds),
-        }
-    }
 }
 
 /// Outcome of one decision round.
@@ -98,6 +83,7 @@ pub fn split_from_profiles(
 pub struct JobBalancer {
     inner: Balancer,
     spec: HeteroTrainingJobSpec,
+    policy: Policy,
     window: usize,
     profiles: Vec<Option<RankProfile>>,
     last_counters: Vec<Option<(f64, f64)>>,
@@ -106,12 +92,12 @@ pub struct JobBalancer {
 
 impl JobBalancer {
     /// A balancer for the job's policy and world size.
-    pub fn new(spec: &HeteroTrainingJobSpec, window: usize) -> Result<JobBalancer, BalancerError> {
-        let world = spec.world_size() as usize;
-        let policy = policy_of(spec.load_balancing.policy);
+    pub fn new(v: &ValidatedJob, window: usize) -> Result<JobBalancer, BalancerError> {
+        let world = v.ranks();
         Ok(JobBalancer {
-            inner: Balancer::new(config_of(spec, policy, window), world)?,
-            spec: spec.clone(),
+            inner: Balancer::new(config_of(v.spec(), v.policy, window), world)?,
+            spec: v.spec().clone(),
+            policy: v.policy,
             window,
             profiles: vec![None; world],
             last_counters: vec![None; world],
@@ -173,7 +159,7 @@ impl JobBalancer {
     /// Decide against the `current` plan. Profiles first: once every rank
     /// reported one, a profile-based split is offered before live data counts.
     pub fn decide(&mut self, current: &BatchPlan) -> Result<Round, BalancerError> {
-        let policy = policy_of(self.spec.load_balancing.policy);
+        let policy = self.policy;
         if policy != Policy::Static && !self.profile_plan_done && self.all_profiled() {
             self.profile_plan_done = true;
             let mut prior = Balancer::new(

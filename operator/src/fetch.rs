@@ -1,13 +1,13 @@
 //! Fetch stage: read a job's children (pods, plan ConfigMap) and reduce each
 //! pod to the facts the lifecycle stage decides on.
 
-use heterotrain_crds::{BatchPlan, PLAN_KEY};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::error::Result;
 use crate::names::{self, labels};
+use crate::plan;
 
 /// Coarse pod phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,12 +88,8 @@ impl RankPod {
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     pub pods: Vec<RankPod>,
-    /// The plan ConfigMap exists.
-    pub plan_exists: bool,
-    /// Its plan, when it parses (validity for the job is checked later).
-    pub plan: Option<BatchPlan>,
-    /// Generation found in the ConfigMap even when the plan is invalid.
-    pub plan_generation: Option<u64>,
+    /// The plan ConfigMap, as read.
+    pub plan: plan::Stored,
 }
 
 /// Read pods (by job label) and the plan ConfigMap of `job` in `namespace`.
@@ -113,22 +109,8 @@ pub async fn fetch(client: &Client, namespace: &str, job: &str) -> Result<Observ
         .await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let cm = cms.get_opt(&names::plan_configmap(job)).await?;
-    let text = cm
-        .as_ref()
-        .and_then(|c| c.data.as_ref())
-        .and_then(|d| d.get(PLAN_KEY).cloned());
-    let plan = text
-        .as_deref()
-        .and_then(|t| serde_json::from_str::<BatchPlan>(t).ok());
-    let plan_generation = plan.as_ref().map(|p| p.generation).or_else(|| {
-        text.as_deref()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-            .and_then(|v| v.get("generation").and_then(serde_json::Value::as_u64))
-    });
     Ok(Observed {
         pods: list.items.iter().map(RankPod::from_pod).collect(),
-        plan_exists: cm.is_some(),
-        plan,
-        plan_generation,
+        plan: plan::read(cm.as_ref()),
     })
 }

@@ -1,5 +1,7 @@
 //! Names, labels and annotations of the objects a job owns, in one place.
 
+use std::collections::BTreeMap;
+
 pub use heterotrain_crds::metrics::labels;
 
 /// Field manager of every server-side apply the operator makes.
@@ -35,6 +37,14 @@ pub fn plan_configmap(job: &str) -> String {
 /// Rank 0's stable DNS name: `<job>-0.<job>.<namespace>.svc`.
 pub fn master_addr(job: &str, namespace: &str) -> String {
     format!("{job}-0.{job}.{namespace}.svc")
+}
+
+/// Labels every child of `job` carries.
+pub fn common_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::JOB.to_string(), job.to_string()),
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+    ])
 }
 
 /// Label selector matching every pod of `job`.

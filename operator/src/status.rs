@@ -1,5 +1,6 @@
 //! Status stage: fold the lifecycle decision and the balancing results into
-//! `status` (conditions first), and patch it only when it changed.
+//! `status` (conditions first) with [`next`] (pure), and patch it only when
+//! it changed ([`Writer`]).
 
 use heterotrain_crds::{
     BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
@@ -11,12 +12,13 @@ use kube::{Client, ResourceExt};
 
 use crate::apply::ssa;
 use crate::conditions::{self, Desired};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fetch::{Observed, Phase};
 use crate::lifecycle::{Decision, StartTime};
+use crate::validate::ValidatedJob;
 
 /// Balancing results for status (all optional: kept from before when absent).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Extras {
     /// The plan currently in the ConfigMap.
     pub plan: Option<BatchPlan>,
@@ -29,6 +31,16 @@ pub struct Extras {
     pub rank_samples_per_second: Vec<Option<f64>>,
     pub step: Option<u64>,
     pub epoch: Option<u32>,
+}
+
+impl Extras {
+    /// No measured figures, only the plan in the ConfigMap.
+    pub fn with_plan(plan: Option<BatchPlan>) -> Extras {
+        Extras {
+            plan,
+            ..Default::default()
+        }
+    }
 }
 
 /// Status for an invalid spec: `Failed` with reason `Invalid` and the message.
@@ -52,20 +64,21 @@ pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrai
 
 /// Next status from the lifecycle `d`, the observed pods and balancing `x`.
 pub fn next(
-    job: &HeteroTrainingJob,
+    v: &ValidatedJob,
     d: &Decision,
     obs: &Observed,
     x: &Extras,
     now: &Time,
 ) -> HeteroTrainingJobStatus {
-    let mut s = job.status.clone().unwrap_or_default();
+    let job = v.job;
+    let mut s = v.status();
     let generation = job.metadata.generation;
     for c in d.conditions.iter().chain(&x.conditions) {
         conditions::set(&mut s.conditions, c.clone(), generation, now);
     }
     s.phase = Some(d.phase.as_str().into());
     s.observed_generation = generation;
-    s.ranks = job.spec.world_size();
+    s.ranks = v.world_size;
     s.restarts = d.restarts;
     match d.start_time {
         StartTime::Keep => {}
@@ -82,15 +95,14 @@ pub fn next(
     if let Some(p) = &x.plan {
         s.plan_generation = p.generation;
     }
-    let mut rank = 0usize;
     let plan = x.plan.as_ref();
-    s.groups = job
-        .spec
+    s.groups = v
+        .spec()
         .workers
         .iter()
-        .map(|g| {
-            let ranks: Vec<usize> = (rank..rank + g.replicas as usize).collect();
-            rank += g.replicas as usize;
+        .enumerate()
+        .map(|(gi, g)| {
+            let ranks: Vec<usize> = (0..v.ranks()).filter(|&r| v.layout[r].0 == gi).collect();
             let ready = ranks
                 .iter()
                 .filter(|&&r| {
@@ -161,27 +173,42 @@ pub fn round3(v: f64) -> f64 {
     (v * mag).round() / mag
 }
 
-/// Patch `status` when it differs from the job's current status.
-pub async fn patch_if_changed(
-    client: &Client,
-    job: &HeteroTrainingJob,
-    status: &HeteroTrainingJobStatus,
-) -> Result<bool> {
-    if job.status.as_ref() == Some(status) {
-        return Ok(false);
+/// Patches a job's status, each time only when it differs from the last
+/// status known to be on the server.
+pub struct Writer<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    name: String,
+    current: Option<HeteroTrainingJobStatus>,
+}
+
+impl<'a> Writer<'a> {
+    /// A writer for `job` in `namespace`, starting from its status as watched.
+    pub fn new(client: &'a Client, job: &HeteroTrainingJob, namespace: &'a str) -> Writer<'a> {
+        Writer {
+            client,
+            namespace,
+            name: job.name_any(),
+            current: job.status.clone(),
+        }
     }
-    let ns = job
-        .namespace()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
-    let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), &ns);
-    let body = serde_json::json!({
-        "apiVersion": "heterotrain.dev/v1alpha1",
-        "kind": "HeteroTrainingJob",
-        "status": status,
-    });
-    api.patch_status(&job.name_any(), &ssa(), &Patch::Apply(body))
-        .await?;
-    Ok(true)
+
+    /// Patch `status` unless it is already there; whether it patched.
+    pub async fn write(&mut self, status: HeteroTrainingJobStatus) -> Result<bool> {
+        if self.current.as_ref() == Some(&status) {
+            return Ok(false);
+        }
+        let api: Api<HeteroTrainingJob> = Api::namespaced(self.client.clone(), self.namespace);
+        let body = serde_json::json!({
+            "apiVersion": "heterotrain.dev/v1alpha1",
+            "kind": "HeteroTrainingJob",
+            "status": status,
+        });
+        api.patch_status(&self.name, &ssa(), &Patch::Apply(body))
+            .await?;
+        self.current = Some(status);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

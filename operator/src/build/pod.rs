@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use heterotrain_crds::metrics::env as envs;
-use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
@@ -14,9 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::args::{data_dir, trainer_args, TRAINER_BINARY};
 use super::hash::spec_hash;
-use super::{common_labels, BuildInputs, JobRef};
+use super::BuildInputs;
 use crate::error::{Error, Result};
-use crate::names::{self, labels};
+use crate::names::{self, common_labels, labels};
+use crate::validate::ValidatedJob;
 
 /// UID/GID the trainer runs as (non-root).
 pub const RUN_AS: i64 = 65532;
@@ -72,20 +72,14 @@ fn claim(name: &str, claim: &str, read_only: bool) -> Volume {
 }
 
 /// Pod of global `rank`, which belongs to `spec.workers[group]`.
-pub fn pod(
-    job: &HeteroTrainingJob,
-    r: &JobRef,
-    inputs: &BuildInputs,
-    rank: u32,
-    group: usize,
-) -> Result<Pod> {
-    let spec = &job.spec;
+pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> Result<Pod> {
+    let spec = v.spec();
     let g = spec
         .workers
         .get(group)
         .ok_or(Error::Invalid(format!("rank {rank} has no worker group")))?;
-    let name = names::pod_name(&r.name, rank);
-    let mut pod_labels = common_labels(&r.name);
+    let name = names::pod_name(&v.name, rank);
+    let mut pod_labels = common_labels(&v.name);
     pod_labels.insert(labels::GROUP.into(), g.name.clone());
     pod_labels.insert(labels::RANK.into(), rank.to_string());
     pod_labels.insert(
@@ -95,15 +89,15 @@ pub fn pod(
 
     let mut env_vars = vec![
         env("RANK", rank.to_string()),
-        env("WORLD_SIZE", spec.world_size().to_string()),
+        env("WORLD_SIZE", v.world_size.to_string()),
         env("LOCAL_RANK", "0"),
-        env("MASTER_ADDR", names::master_addr(&r.name, &r.namespace)),
+        env("MASTER_ADDR", names::master_addr(&v.name, &v.namespace)),
         env("MASTER_PORT", spec.master_port.to_string()),
         env_field(envs::POD_IP, "status.podIP"),
         env_field(envs::NAMESPACE, "metadata.namespace"),
-        env(envs::PLAN_CONFIGMAP, names::plan_configmap(&r.name)),
+        env(envs::PLAN_CONFIGMAP, names::plan_configmap(&v.name)),
         env(envs::RESTART_COUNT, inputs.restart_count.to_string()),
-        env(envs::JOB_UID, r.owner.uid.clone()),
+        env(envs::JOB_UID, v.uid()),
         env("HOME", names::SCRATCH_DIR),
         env("TMPDIR", names::SCRATCH_DIR),
     ];
@@ -161,18 +155,18 @@ pub fn pod(
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name.clone()),
-            namespace: Some(r.namespace.clone()),
+            namespace: Some(v.namespace.clone()),
             labels: Some(pod_labels),
             annotations: Some(BTreeMap::from([(
                 names::SPEC_HASH_ANNOTATION.to_string(),
                 spec_hash(spec),
             )])),
-            owner_references: Some(vec![r.owner.clone()]),
+            owner_references: Some(vec![v.owner.clone()]),
             ..Default::default()
         },
         spec: Some(PodSpec {
             hostname: Some(name),
-            subdomain: Some(names::service_name(&r.name)),
+            subdomain: Some(names::service_name(&v.name)),
             restart_policy: Some("Never".into()),
             service_account_name: Some(
                 spec.service_account_name

@@ -1,25 +1,18 @@
-//! Build-stage tests from the YAML fixtures in `operator/tests/fixtures`.
+//! Build-stage tests from the YAML fixtures in `operator/tests/fixtures`
+//! (the plan ConfigMap a new gang gets is rendered by `plan`, checked here too).
 
-use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
+use heterotrain_crds::{BatchPlan, PLAN_KEY};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 
 use super::*;
+use crate::plan;
+use crate::testing::{fixture, valid};
+use crate::validate;
 
-fn fixture(name: &str) -> HeteroTrainingJob {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).expect("fixture");
-    serde_yaml::from_str(&text).expect("job yaml")
-}
-
-fn inputs(job: &HeteroTrainingJob, restart: u32) -> BuildInputs {
+fn inputs(restart: u32) -> BuildInputs {
     BuildInputs {
         default_image: "default/trainer:1".into(),
         restart_count: restart,
-        initial_plan: BatchPlan::equal(
-            0,
-            job.spec.training.global_batch_size,
-            job.spec.world_size() as usize,
-        ),
     }
 }
 
@@ -51,7 +44,7 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 #[test]
 fn mixed_job_builds_one_pod_per_rank_in_group_order() {
     let job = fixture("mixed.yaml");
-    let d = desired(&job, &inputs(&job, 1)).expect("build");
+    let d = desired(&valid(&job), &inputs(1)).expect("build");
     assert_eq!(d.pods.len(), 3);
     let names: Vec<String> = d
         .pods
@@ -229,7 +222,9 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
 #[test]
 fn service_and_plan() {
     let job = fixture("mixed.yaml");
-    let d = desired(&job, &inputs(&job, 0)).expect("build");
+    let v = valid(&job);
+    let d = desired(&v, &inputs(0)).expect("build");
+    let cm = plan::configmap(&v, &plan::equal(&v, 0));
     let svc = d.service.spec.as_ref().expect("spec");
     assert_eq!(d.service.metadata.name.as_deref(), Some("mixed"));
     assert_eq!(svc.cluster_ip.as_deref(), Some("None"));
@@ -246,12 +241,12 @@ fn service_and_plan() {
         .map(|p| p.port)
         .collect();
     assert_eq!(ports, [29500, 9400]);
-    assert_eq!(d.plan.metadata.name.as_deref(), Some("mixed-plan"));
-    let text = &d.plan.data.as_ref().expect("data")[PLAN_KEY];
+    assert_eq!(cm.metadata.name.as_deref(), Some("mixed-plan"));
+    let text = &cm.data.as_ref().expect("data")[PLAN_KEY];
     let plan = BatchPlan::parse(text, 3).expect("valid plan");
     assert_eq!(plan.generation, 0);
     assert_eq!(plan.batch_sizes, [32, 32, 32]);
-    for o in [&d.service.metadata, &d.plan.metadata] {
+    for o in [&d.service.metadata, &cm.metadata] {
         assert_eq!(o.owner_references.as_ref().expect("owner")[0].name, "mixed");
     }
 }
@@ -259,7 +254,9 @@ fn service_and_plan() {
 #[test]
 fn minimal_job_uses_defaults() {
     let job = fixture("minimal.yaml");
-    let d = desired(&job, &inputs(&job, 0)).expect("build");
+    let v = valid(&job);
+    let d = desired(&v, &inputs(0)).expect("build");
+    let cm = plan::configmap(&v, &plan::equal(&v, 0));
     assert_eq!(d.pods.len(), 2);
     let p = &d.pods[1];
     let spec = p.spec.as_ref().expect("spec");
@@ -288,7 +285,7 @@ fn minimal_job_uses_defaults() {
         .find(|v| v.name == "checkpoints")
         .expect("vol");
     assert!(ck.empty_dir.is_some());
-    let text = &d.plan.data.as_ref().expect("data")[PLAN_KEY];
+    let text = &cm.data.as_ref().expect("data")[PLAN_KEY];
     assert_eq!(
         BatchPlan::parse(text, 2).expect("plan").batch_sizes,
         [17, 16]
@@ -311,6 +308,6 @@ fn spec_hash_names_changed_sections() {
 fn missing_uid_is_an_error_not_a_panic() {
     let mut job = fixture("minimal.yaml");
     job.metadata.uid = None;
-    let err = desired(&job, &inputs(&job, 0)).expect_err("no uid");
+    let err = validate::check(&job, None).expect_err("no uid");
     assert_eq!(err.metric_label(), "missing_field");
 }

@@ -3,107 +3,20 @@
 //! failure, give up, finish, suspend, expire — and which conditions and
 //! Events say so. No client, no clock (the caller passes `now`).
 
+mod decision;
+
 use std::time::Duration;
 
-use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+
+pub use decision::{Decision, JobPhase, StartTime};
 
 use crate::build::hash::changed_sections;
 use crate::conditions::{self as cond, reasons, types, Desired};
 use crate::fetch::{Observed, Phase, RankPod};
-
-/// Summary phase for `kubectl get`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobPhase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Suspended,
-}
-
-impl JobPhase {
-    /// As written in `status.phase`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            JobPhase::Pending => "Pending",
-            JobPhase::Running => "Running",
-            JobPhase::Succeeded => "Succeeded",
-            JobPhase::Failed => "Failed",
-            JobPhase::Suspended => "Suspended",
-        }
-    }
-}
-
-/// An Event to publish on the job.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventSpec {
-    pub warning: bool,
-    pub reason: String,
-    pub note: String,
-}
-
-/// How `startTime` changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StartTime {
-    Keep,
-    SetNow,
-    Clear,
-}
-
-/// What to do with the gang this reconcile.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
-    pub phase: JobPhase,
-    pub conditions: Vec<Desired>,
-    /// Pods to delete (by name).
-    pub delete_pods: Vec<String>,
-    /// Create the Service, the plan (if missing) and these ranks' pods.
-    pub create_ranks: Vec<u32>,
-    /// `status.restarts` after this decision.
-    pub restarts: u32,
-    pub start_time: StartTime,
-    /// Set `completionTime` (if not yet set).
-    pub complete: bool,
-    /// Delete the job itself (TTL after finishing).
-    pub delete_job: bool,
-    /// Reconcile again after this long at the latest.
-    pub requeue_after: Option<Duration>,
-    /// Every rank is running: read metrics and balance.
-    pub balance: bool,
-    pub events: Vec<EventSpec>,
-}
-
-impl Decision {
-    fn new(phase: JobPhase, restarts: u32) -> Decision {
-        Decision {
-            phase,
-            conditions: Vec::new(),
-            delete_pods: Vec::new(),
-            create_ranks: Vec::new(),
-            restarts,
-            start_time: StartTime::Keep,
-            complete: false,
-            delete_job: false,
-            requeue_after: None,
-            balance: false,
-            events: Vec::new(),
-        }
-    }
-
-    fn event(&mut self, warning: bool, reason: &str, note: impl Into<String>) {
-        self.events.push(EventSpec {
-            warning,
-            reason: reason.into(),
-            note: note.into(),
-        });
-    }
-
-    fn requeue(&mut self, d: Duration) {
-        self.requeue_after = Some(self.requeue_after.map_or(d, |r| r.min(d)));
-    }
-}
+use crate::names;
+use crate::validate::ValidatedJob;
 
 fn seconds_between(from: &Time, now: &Timestamp) -> f64 {
     (now.as_millisecond() - from.0.as_millisecond()) as f64 / 1000.0
@@ -132,13 +45,13 @@ fn failure_text(p: &RankPod) -> String {
 }
 
 /// Decide the next step for a job whose spec passed validation.
-pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decision {
-    let status = job.status.clone().unwrap_or_default();
+pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
+    let status = v.status();
     let conds = &status.conditions;
-    let spec = &job.spec;
+    let spec = v.spec();
     let rp = &spec.run_policy;
     let restarts = status.restarts;
-    let world = spec.world_size();
+    let world = v.world_size;
     let all_names: Vec<String> = obs
         .pods
         .iter()
@@ -306,7 +219,7 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
         (Some(p), _) => Some(failure_text(p)),
         (None, Some(&r)) if started => Some(format!(
             "rank {r} (pod {}) was lost (deleted or gone with its node)",
-            crate::names::pod_name(&job.metadata.name.clone().unwrap_or_default(), r)
+            names::pod_name(&v.name, r)
         )),
         _ => None,
     };
@@ -429,3 +342,6 @@ pub fn decide(job: &HeteroTrainingJob, obs: &Observed, now: &Timestamp) -> Decis
     }
     d
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,92 @@
+//! What the lifecycle stage decides: the job's phase, the conditions that
+//! say why, and the actions (deletes, creates, Events, requeue) the apply
+//! stage carries out.
+
+use std::time::Duration;
+
+use crate::conditions::Desired;
+use crate::events::EventSpec;
+
+/// Summary phase for `kubectl get`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Suspended,
+}
+
+impl JobPhase {
+    /// As written in `status.phase`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            JobPhase::Pending => "Pending",
+            JobPhase::Running => "Running",
+            JobPhase::Succeeded => "Succeeded",
+            JobPhase::Failed => "Failed",
+            JobPhase::Suspended => "Suspended",
+        }
+    }
+}
+
+/// How `startTime` changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartTime {
+    Keep,
+    SetNow,
+    Clear,
+}
+
+/// What to do with the gang this reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub phase: JobPhase,
+    pub conditions: Vec<Desired>,
+    /// Pods to delete (by name).
+    pub delete_pods: Vec<String>,
+    /// Create the Service, the plan (if missing) and these ranks' pods.
+    pub create_ranks: Vec<u32>,
+    /// `status.restarts` after this decision.
+    pub restarts: u32,
+    pub start_time: StartTime,
+    /// Set `completionTime` (if not yet set).
+    pub complete: bool,
+    /// Delete the job itself (TTL after finishing).
+    pub delete_job: bool,
+    /// Reconcile again after this long at the latest.
+    pub requeue_after: Option<Duration>,
+    /// Every rank is running: read metrics and balance.
+    pub balance: bool,
+    pub events: Vec<EventSpec>,
+}
+
+impl Decision {
+    pub(super) fn new(phase: JobPhase, restarts: u32) -> Decision {
+        Decision {
+            phase,
+            conditions: Vec::new(),
+            delete_pods: Vec::new(),
+            create_ranks: Vec::new(),
+            restarts,
+            start_time: StartTime::Keep,
+            complete: false,
+            delete_job: false,
+            requeue_after: None,
+            balance: false,
+            events: Vec::new(),
+        }
+    }
+
+    pub(super) fn event(&mut self, warning: bool, reason: &str, note: impl Into<String>) {
+        self.events.push(EventSpec {
+            warning,
+            reason: reason.into(),
+            note: note.into(),
+        });
+    }
+
+    pub(super) fn requeue(&mut self, d: Duration) {
+        self.requeue_after = Some(self.requeue_after.map_or(d, |r| r.min(d)));
+    }
+}

@@ -1,0 +1,208 @@
+//! One balancing round of one job: read the ranks' metrics, feed the
+//! balancer, report what was measured, and when a decision is due let the
+//! balancer decide and write the plan it proposes.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use heterotrain_crds::{BalanceStatus, RebalanceStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use tracing::{info, warn};
+
+use super::state::JobState;
+use super::{profiles, source, Deps};
+use crate::conditions::{reasons, types, Desired};
+use crate::error::Error;
+use crate::events::{self, EventSpec};
+use crate::fetch::Observed;
+use crate::metrics::PolicyLabel;
+use crate::plan;
+use crate::status::Extras;
+use crate::validate::ValidatedJob;
+
+/// The round for `v`'s state `st`, starting from the carried figures over
+/// `base`; returns the figures for status.
+pub(super) async fn step(
+    deps: &Deps<'_>,
+    v: &ValidatedJob<'_>,
+    obs: &Observed,
+    base: Extras,
+    st: &mut JobState,
+) -> Extras {
+    let mut x = st.carry(base);
+    let cfg = deps.config;
+    let due = st
+        .last_scrape
+        .is_none_or(|t| t.elapsed() >= cfg.scrape_interval.mul_f64(0.8));
+    if !due {
+        return x;
+    }
+    st.last_scrape = Some(Instant::now());
+    let spec = v.spec();
+    let world = v.ranks();
+    let results = source::read_metrics(deps, v, obs).await;
+    let mut sps: Vec<Option<f64>> = vec![None; world];
+    let mut gens: Vec<Option<u64>> = vec![None; world];
+    let mut new_profiles = BTreeMap::new();
+    let mut sampled = 0usize;
+    // The job's step: the ranks' `heterotrain_step` (the global step, the
+    // same on every rank; the highest one read wins when some lag a scrape).
+    let mut job_step: Option<u64> = None;
+    for (r, res) in results.iter().enumerate().take(world) {
+        match res {
+            Ok(m) => {
+                job_step = job_step.max(m.step);
+                let had_profile = st.balancer.profiles().get(r).is_some_and(Option::is_some);
+                sampled += usize::from(st.balancer.observe(r, m));
+                gens[r] = m.plan_generation;
+                if r == 0 {
+                    x.step = m.step.or(x.step);
+                    x.epoch = m.epoch.or(x.epoch);
+                }
+                if let Some(total) = m.samples_total {
+                    if let Some((prev, t)) = st.last_samples[r] {
+                        let dt = t.elapsed().as_secs_f64();
+                        if total >= prev && dt > 0.0 {
+                            sps[r] = Some((total - prev) / dt);
+                        }
+                    }
+                    st.last_samples[r] = Some((total, Instant::now()));
+                }
+                if !had_profile && cfg.profile_cache && !st.cached[r] {
+                    if let Some(p) = st.balancer.profiles().get(r).cloned().flatten() {
+                        new_profiles.insert(r, p);
+                    }
+                }
+            }
+            Err(e) => {
+                deps.metrics.scrape_failures.inc();
+                tracing::debug!(rank = r, error = %e, "metrics not read");
+                st.balancer.missing(r);
+            }
+        }
+    }
+    if sps.iter().any(Option::is_some) {
+        x.rank_samples_per_second = sps.clone();
+        x.cluster_samples_per_second = Some(sps.iter().flatten().sum());
+    }
+    let q = st.balancer.quality();
+    if sampled > 0 {
+        x.balance = Some(BalanceStatus {
+            cv_percent: q.cv_percent,
+            class: q.class.as_str().into(),
+        });
+    }
+    if let Some((g, t)) = st.pending {
+        if gens.iter().all(|r| r.is_some_and(|r| r >= g)) {
+            deps.metrics
+                .plan_propagation
+                .observe(t.elapsed().as_secs_f64());
+            st.pending = None;
+        }
+    }
+    profiles::store(deps, v, obs, st, new_profiles).await;
+
+    x.conditions.clear();
+    if spec.profiling.enabled {
+        let n = st
+            .balancer
+            .profiles()
+            .iter()
+            .filter(|p| p.is_some())
+            .count();
+        x.conditions.push(if n == world {
+            Desired::yes(
+                types::PROFILED,
+                reasons::PROFILES_REPORTED,
+                format!("all {world} ranks reported their profile"),
+            )
+        } else {
+            Desired::no(
+                types::PROFILED,
+                reasons::AWAITING_PROFILES,
+                format!("{n} of {world} ranks reported their profile"),
+            )
+        });
+    }
+
+    let now = Instant::now();
+    let interval_steps = spec.load_balancing.rebalance_interval_steps;
+    let Some(decision_step) =
+        st.last_decision
+            .due(job_step, now, interval_steps, cfg.rebalance_interval)
+    else {
+        return x;
+    };
+    // A failed write keeps the previous mark, so the next scrape retries.
+    let previous_decision = st.last_decision;
+    st.last_decision.mark(decision_step, now);
+    let current = x.plan.clone().unwrap_or_else(|| plan::equal(v, 0));
+    let round = match st.balancer.decide(&current) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "balancer could not decide");
+            deps.metrics.error(Error::from(e).metric_label());
+            return x;
+        }
+    };
+    let Some(new) = round.plan else {
+        tracing::debug!(reason = %round.reason, "keeping the plan");
+        return x;
+    };
+    let gain = new.gain_percent;
+    let policy = new.policy;
+    let plan = match plan::advance(v, &current, new) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(error = %e, "balancer produced an invalid plan; not writing it");
+            deps.metrics.error("invalid_plan");
+            return x;
+        }
+    };
+    if let Err(e) = plan::write(deps.client, v, &plan).await {
+        warn!(error = %e, "writing the plan failed");
+        deps.metrics.error(e.metric_label());
+        st.last_decision = previous_decision;
+        return x;
+    }
+    deps.metrics
+        .rebalances
+        .get_or_create(&PolicyLabel {
+            policy: policy.into(),
+        })
+        .inc();
+    st.pending = Some((plan.generation, Instant::now()));
+    let note = format!(
+        "plan generation {}: batches {:?}; predicted gain {gain:.1}%; {}",
+        plan.generation, plan.batch_sizes, plan.reason
+    );
+    info!(job = %v.name, "{note}");
+    events::publish(
+        deps.recorder,
+        v.job,
+        &EventSpec {
+            warning: false,
+            reason: reasons::REBALANCED.into(),
+            note: note.clone(),
+        },
+    )
+    .await;
+    x.conditions.push(Desired::yes(
+        types::REBALANCED,
+        reasons::REBALANCED,
+        format!(
+            "plan generation {} written: {:?}",
+            plan.generation, plan.batch_sizes
+        ),
+    ));
+    x.last_rebalance = Some(RebalanceStatus {
+        generation: plan.generation,
+        time: Some(Time(Timestamp::now())),
+        reason: plan.reason.clone(),
+        predicted_gain_percent: crate::status::round3(gain),
+        batch_sizes: plan.batch_sizes.clone(),
+    });
+    x.plan = Some(plan);
+    x
+}

@@ -1,0 +1,202 @@
+//! One reconcile of one job, as a pipeline of stages: guard → validate →
+//! fetch → lifecycle → apply (build, plan, deletes, Events) → balance →
+//! status. Each stage lives in its own module; this file only wires them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use heterotrain_crds::{BatchPlan, HeteroTrainingJob};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DynamicObject;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use tracing::{instrument, warn};
+
+use crate::build::{self, BuildInputs};
+use crate::conditions::reasons;
+use crate::context::Context;
+use crate::error::Result;
+use crate::events::{self, EventSpec};
+use crate::fetch::{self, Observed};
+use crate::lifecycle::{self, Decision};
+use crate::names::labels;
+use crate::rebalance::JobKey;
+use crate::status::{self, Extras};
+use crate::validate::{self, Checked, ValidatedJob};
+use crate::{apply, guard, plan};
+
+/// Reconcile one watched object.
+#[instrument(skip_all, fields(job = %obj.name_any(), ns = obj.namespace().unwrap_or_default()))]
+pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile_timer();
+    let job = match guard::typed(&obj) {
+        Ok(j) => j,
+        Err(e) => {
+            warn!(error = %e, "skipping malformed object");
+            ctx.metrics.error(e.metric_label());
+            let ev = events::event(&EventSpec {
+                warning: true,
+                reason: reasons::MALFORMED.into(),
+                note: e.to_string(),
+            });
+            let _ = ctx
+                .recorder
+                .publish(&ev, &obj.object_ref(&guard::api_resource()))
+                .await;
+            return Ok(Action::await_change());
+        }
+    };
+    let key = JobKey::of_job(&job);
+    if job.metadata.deletion_timestamp.is_some() {
+        ctx.rebalancer.forget(&key);
+        return Ok(Action::await_change());
+    }
+    let action = reconcile_job(&job, &ctx).await?;
+    ctx.succeeded(&key);
+    Ok(action)
+}
+
+/// The pipeline. Status is patched once, at the end, except that a gang
+/// restart is counted in status before its pods are deleted (so a retry
+/// never counts it twice); the final write then only patches what changed
+/// since.
+async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action> {
+    let now = Timestamp::now();
+    let v = match validate::check(job, ctx.config.prometheus_url.as_deref())? {
+        Checked::Valid(v) => v,
+        Checked::Invalid {
+            namespace,
+            problems,
+        } => return refuse(ctx, job, &namespace, &problems, &now).await,
+    };
+    let mut status = status::Writer::new(&ctx.client, job, &v.namespace);
+    let t0 = Instant::now();
+    let obs = fetch::fetch(&ctx.client, &v.namespace, &v.name).await?;
+    let d = lifecycle::decide(&v, &obs, &now);
+    let t_fetch = t0.elapsed();
+
+    let key = JobKey::of(&v);
+    let plan_now = plan::current(&v, &obs.plan);
+    let mut extras = ctx
+        .rebalancer
+        .carry(&key, Extras::with_plan(plan_now.clone()));
+    if d.restarts != v.gang() {
+        status
+            .write(status::next(&v, &d, &obs, &extras, &Time(now)))
+            .await?;
+    }
+    let written = apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await?;
+    if d.delete_job {
+        ctx.rebalancer.forget(&key);
+        return Ok(Action::await_change());
+    }
+    let t_apply = t0.elapsed();
+
+    if d.balance {
+        let base = Extras::with_plan(written.or(plan_now));
+        extras = ctx
+            .rebalancer
+            .round(&ctx.rebalance_deps(), &v, &obs, base)
+            .await;
+    } else if written.is_some() {
+        extras.plan = written;
+    }
+    let t_balance = t0.elapsed();
+
+    let patched = status
+        .write(status::next(&v, &d, &obs, &extras, &Time(now)))
+        .await?;
+    tracing::debug!(
+        fetch_ms = t_fetch.as_millis() as u64,
+        apply_ms = (t_apply - t_fetch).as_millis() as u64,
+        balance_ms = (t_balance - t_apply).as_millis() as u64,
+        status_ms = (t0.elapsed() - t_balance).as_millis() as u64,
+        patched,
+        "reconcile timing"
+    );
+    Ok(requeue(ctx, &d))
+}
+
+/// An invalid spec: `Failed` with reason `Invalid`, an Event when that is
+/// new, and nothing else until the spec changes.
+async fn refuse(
+    ctx: &Context,
+    job: &HeteroTrainingJob,
+    namespace: &str,
+    problems: &[validate::Problem],
+    now: &Timestamp,
+) -> Result<Action> {
+    let msg = validate::summary(problems);
+    let next = status::invalid(job, &msg, &Time(*now));
+    if status::Writer::new(&ctx.client, job, namespace)
+        .write(next)
+        .await?
+    {
+        let e = EventSpec {
+            warning: true,
+            reason: reasons::INVALID.into(),
+            note: msg,
+        };
+        ctx.event(job, &e).await;
+    }
+    ctx.metrics.error("invalid");
+    Ok(Action::await_change())
+}
+
+/// Carry out the lifecycle decision: delete pods, create the missing ranks
+/// (with the Service and, when there is no usable one, a new plan), publish
+/// the Events, delete the job past its TTL. Returns the plan it wrote.
+async fn apply_decision(
+    ctx: &Context,
+    v: &ValidatedJob<'_>,
+    d: &Decision,
+    obs: &Observed,
+    plan_now: Option<&BatchPlan>,
+) -> Result<Option<BatchPlan>> {
+    let client = &ctx.client;
+    apply::delete_pods(client, &v.namespace, &d.delete_pods).await?;
+    let mut written = None;
+    if !d.create_ranks.is_empty() {
+        let inputs = BuildInputs {
+            default_image: ctx.config.trainer_image.clone(),
+            restart_count: d.restarts,
+        };
+        let desired = build::desired(v, &inputs)?;
+        apply::service(client, &v.namespace, &desired.service).await?;
+        if plan_now.is_none() {
+            let initial = plan::initial(client, &ctx.config, v, &obs.plan).await;
+            plan::write(client, v, &initial).await?;
+            written = Some(initial);
+        }
+        // All missing ranks at once: one round trip of latency, not one per rank.
+        let creates = desired
+            .pods
+            .iter()
+            .filter(|p| {
+                p.labels()
+                    .get(labels::RANK)
+                    .and_then(|r| r.parse::<u32>().ok())
+                    .is_some_and(|r| d.create_ranks.contains(&r))
+            })
+            .map(|pod| apply::pod(client, &v.namespace, pod));
+        futures::future::try_join_all(creates).await?;
+    }
+    for e in &d.events {
+        ctx.event(v.job, e).await;
+    }
+    if d.delete_job {
+        apply::delete_job(client, &v.namespace, &v.name).await?;
+    }
+    Ok(written)
+}
+
+/// When to reconcile again: what the lifecycle asked for (5 minutes at the
+/// latest), and every scrape interval while balancing.
+fn requeue(ctx: &Context, d: &Decision) -> Action {
+    let mut after = d.requeue_after.unwrap_or(Duration::from_secs(300));
+    if d.balance {
+        after = after.min(ctx.config.scrape_interval);
+    }
+    Action::requeue(after)
+}

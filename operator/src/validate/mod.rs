@@ -1,0 +1,110 @@
+//! Validate stage: the spec's semantic rules ([`rules`]) and the job's
+//! identity, checked once. What comes out, a [`ValidatedJob`], is what the
+//! later stages (lifecycle, build, plan, rebalancing, status) read instead
+//! of re-checking `metadata` and re-deriving sizes from `spec`.
+
+mod rules;
+
+use heterotrain_balancer::Policy;
+use heterotrain_crds::{HeteroTrainingJob, HeteroTrainingJobSpec, HeteroTrainingJobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+
+pub use rules::{summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
+
+use crate::balance::policy_of;
+use crate::error::{Error, Result};
+
+/// A job whose spec passed validation, with its identity and the sizes
+/// every stage needs.
+#[derive(Clone, Debug)]
+pub struct ValidatedJob<'a> {
+    /// The job as watched (spec and status).
+    pub job: &'a HeteroTrainingJob,
+    pub name: String,
+    pub namespace: String,
+    /// Controller owner reference for every child (carries the job's UID).
+    pub owner: OwnerReference,
+    /// Number of ranks over all groups.
+    pub world_size: u32,
+    /// `(group index, rank within the group)` for each global rank.
+    pub layout: Vec<(usize, u32)>,
+    /// The balancer policy of `loadBalancing.policy`.
+    pub policy: Policy,
+    /// Global batch B (`training.globalBatchSize`).
+    pub global_batch: u32,
+}
+
+/// The outcome of validation.
+#[derive(Debug)]
+pub enum Checked<'a> {
+    Valid(ValidatedJob<'a>),
+    /// The spec breaks the rules; the job waits for a spec change.
+    Invalid {
+        namespace: String,
+        problems: Vec<Problem>,
+    },
+}
+
+/// Validate `job`. `default_prometheus` is the operator's
+/// `--prometheus-url`. A missing namespace or UID (which the API server
+/// always sets) is an error, not a verdict on the spec.
+pub fn check<'a>(
+    job: &'a HeteroTrainingJob,
+    default_prometheus: Option<&str>,
+) -> Result<Checked<'a>> {
+    let namespace = job
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = job.name_any();
+    if let Err(problems) = validate(&name, &job.spec, default_prometheus) {
+        return Ok(Checked::Invalid {
+            namespace,
+            problems,
+        });
+    }
+    let owner = job
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    let spec = &job.spec;
+    Ok(Checked::Valid(ValidatedJob {
+        job,
+        name,
+        namespace,
+        owner,
+        world_size: spec.world_size(),
+        layout: spec.rank_layout(),
+        policy: policy_of(spec.load_balancing.policy),
+        global_batch: spec.training.global_batch_size,
+    }))
+}
+
+impl<'a> ValidatedJob<'a> {
+    /// The job's spec.
+    pub fn spec(&self) -> &'a HeteroTrainingJobSpec {
+        &self.job.spec
+    }
+
+    /// The job's status as last written (empty when never written).
+    pub fn status(&self) -> HeteroTrainingJobStatus {
+        self.job.status.clone().unwrap_or_default()
+    }
+
+    /// The current gang's generation (`status.restarts`).
+    pub fn gang(&self) -> u32 {
+        self.job.status.as_ref().map_or(0, |s| s.restarts)
+    }
+
+    /// The job's UID.
+    pub fn uid(&self) -> &str {
+        &self.owner.uid
+    }
+
+    /// World size as a length.
+    pub fn ranks(&self) -> usize {
+        self.world_size as usize
+    }
+}
+
+#[cfg(test)]
+mod tests;
