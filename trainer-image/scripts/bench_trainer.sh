@@ -6,7 +6,8 @@
 # the median and min-max of the paired ratios. Then the cost of synchronised
 # BatchNorm: ours with --batch-norm sync vs local, paired the same way.
 # resnet18 runs ours with --batch-norm local against DDP (DDP's BatchNorm is
-# per rank too: the same maths).
+# per rank too: the same maths). Last, the sharded optimizer update against
+# the replicated one, paired the same way.
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
 #      HETEROTRAIN_PYTHON (python with torch 2.11)
@@ -81,3 +82,8 @@ echo
 echo "synchronised BatchNorm vs per-rank (ours, resnet18, global batch 64, $runs interleaved pairs)"
 printf '| split | sync samples/s | local samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
 paired "32 / 32" "ours resnet18 64 15 3 --batch-norm sync" "ours resnet18 64 15 3 --batch-norm local"
+echo
+echo "optimizer update sharded in proportion to the local batches vs replicated on every rank (ours, $runs interleaved pairs)"
+printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+paired "resnet18, 32 / 32" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --optimizer-sharding replicated"
+paired "mlp (hidden 512), 128 / 128" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --optimizer-sharding replicated"

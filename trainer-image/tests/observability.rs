@@ -88,8 +88,14 @@ fn profile_subcommand_prints_sane_json() {
     assert!(p.device.memory_bytes > 0);
 }
 
+/// The tests that train two ranks run one at a time: the balancer test
+/// measures a throttled rank against a free one, which a second training
+/// run on these cores would blur.
+static TRAINING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn live_metrics_pass_promtool_and_phase_counters_move() {
+    let _one = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let master = free_port();
@@ -207,6 +213,7 @@ fn per_sample(steps: &[&serde_json::Value], lo: u64, hi: u64) -> f64 {
 #[test]
 fn local_balancer_moves_samples_to_the_faster_rank() {
     use heterotrain_e2e::nodesim::cgroup;
+    let _one = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let every = 10u64;
     let a = args(&[

@@ -1,0 +1,158 @@
+//! After each step: evaluation at epoch ends, the local balancer's rounds,
+//! status lines, checkpoints.
+
+use std::time::{Duration, Instant};
+
+use tch::Tensor;
+
+use crate::c10d::ProcessGroup;
+use crate::cli::{BatchNormMode, TrainConfig};
+use crate::error::Result;
+use crate::local_balance;
+use crate::log::EvalRecord;
+use crate::sampler::SamplerPosition;
+
+use super::setup::broadcast_all;
+use super::Trainer;
+
+impl Trainer<'_> {
+    /// Everything between two steps; every rank calls it after every step.
+    pub(super) fn end_of_step(&mut self) -> Result<()> {
+        let (cfg, step) = (self.cfg, self.step);
+        self.pos.step_in_epoch += 1;
+        let epoch_end = self.pos.step_in_epoch >= self.p.steps_per_epoch;
+        if (epoch_end || step == self.p.total) && self.p.data.eval_len() > 0 {
+            self.evaluate()?;
+        }
+        if epoch_end {
+            self.pos = SamplerPosition {
+                epoch: self.pos.epoch + 1,
+                step_in_epoch: 0,
+            };
+        }
+        self.balance_and_report()?;
+        if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < self.p.total {
+            agree_buffers(cfg, self.pg, &self.p.all_vars, self.share())?;
+            self.save()?;
+        }
+        if cfg.step_sleep_ms > 0 {
+            std::thread::sleep(Duration::from_millis(cfg.step_sleep_ms));
+        }
+        Ok(())
+    }
+
+    /// Evaluate on the held-out split (each rank a shard, results
+    /// all-reduced), after the ranks' buffers agree.
+    fn evaluate(&mut self) -> Result<()> {
+        let (cfg, p) = (self.cfg, self.p);
+        agree_buffers(cfg, self.pg, &p.all_vars, self.share())?;
+        let (correct, count, loss) = {
+            let _guard = tch::no_grad_guard();
+            let n = p.data.eval_len();
+            let mine: Vec<usize> = (cfg.rank..n).step_by(cfg.world_size).collect();
+            let (mut correct, mut count, mut loss) = (0.0, 0.0, 0.0);
+            for chunk in mine.chunks(256) {
+                let (x, y) = p.data.eval_batch(chunk, p.device);
+                let logits = p.model.forward(&x, false);
+                let (c, k, l) = p.model.score(&logits, &y);
+                correct += c;
+                count += k;
+                loss += l;
+            }
+            (correct, count, loss)
+        };
+        let mut t = Tensor::from_slice(&[correct, count, loss]);
+        if let Some(pg) = self.pg {
+            pg.all_reduce_sum(&mut t)?;
+        }
+        let v = Vec::<f64>::try_from(&t).unwrap_or_default();
+        let (k, n) = (v[1].max(1.0), v[1]);
+        let (acc, eval_loss) = (v[0] / k, v[2] / k);
+        self.last_acc = Some(acc);
+        p.mx.set_eval(acc, eval_loss);
+        self.log.write(&EvalRecord {
+            event: "eval",
+            rank: cfg.rank,
+            step: self.step,
+            epoch: self.pos.epoch,
+            eval_loss,
+            eval_accuracy: acc,
+            eval_samples: n as u64,
+        });
+        if cfg.rank == 0 {
+            eprintln!(
+                "rank 0: epoch {} step {}: eval accuracy {:.4}, loss {:.4}",
+                self.pos.epoch, self.step, acc, eval_loss
+            );
+        }
+        Ok(())
+    }
+
+    /// The local balancer's round and the status line, each every so many
+    /// steps (every rank takes part: same step on all).
+    fn balance_and_report(&mut self) -> Result<()> {
+        let (cfg, step) = (self.cfg, self.step);
+        let balance_now = self.balancer_rounds() && step % cfg.balance_every == 0;
+        let status_now = cfg.status_every > 0 && step % cfg.status_every == 0;
+        if !(balance_now || status_now) {
+            return Ok(());
+        }
+        let reports = local_balance::gather(self.pg, self.interval.report())?;
+        if balance_now {
+            self.interval.reset();
+            if let Some(lb) = self.balancer.as_mut() {
+                self.pending = lb.round(&reports, &self.plan);
+            }
+        }
+        if status_now && cfg.rank == 0 {
+            let (t, s0) = self.status_since;
+            let b = f64::from(self.plan.global_batch_size);
+            let sps = (step - s0) as f64 * b / t.elapsed().as_secs_f64().max(1e-9);
+            let loss = self.global_loss;
+            eprintln!(
+                "{}",
+                local_balance::status_line(step, self.p.total, loss, sps, &self.plan, &reports)
+            );
+            self.status_since = (Instant::now(), step);
+        }
+        Ok(())
+    }
+
+    /// Whether this run balances on its own (`--balancer local`).
+    fn balancer_rounds(&self) -> bool {
+        self.cfg.balancer == crate::cli::BalancerMode::Local
+    }
+}
+
+/// Make the ranks' buffers (BatchNorm running statistics) agree before
+/// evaluation and checkpoints. Per-rank BatchNorm (`local`): the average
+/// over ranks weighted by local batch (`weight` = b_r / B). Synchronised
+/// BatchNorm keeps them equal by construction; rank 0's are broadcast as a
+/// guard. Every rank must call it at the same step.
+pub(super) fn agree_buffers(
+    cfg: &TrainConfig,
+    pg: Option<&ProcessGroup>,
+    vars: &[(String, Tensor)],
+    weight: f64,
+) -> Result<()> {
+    let Some(pg) = pg else { return Ok(()) };
+    let buffers: Vec<(String, Tensor)> = vars
+        .iter()
+        .filter(|(_, t)| !t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    if buffers.is_empty() {
+        return Ok(());
+    }
+    if cfg.batch_norm == BatchNormMode::Local && cfg.model.has_batch_norm() {
+        let _guard = tch::no_grad_guard();
+        for (_, t) in &buffers {
+            let mut w = (t * weight).contiguous();
+            pg.all_reduce_sum(&mut w)?;
+            t.shallow_clone().copy_(&w);
+        }
+        Ok(())
+    } else {
+        broadcast_all(Some(pg), &buffers)
+    }
+}

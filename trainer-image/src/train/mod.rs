@@ -1,0 +1,268 @@
+//! The training loop: rendezvous, initial sync, per-step plan agreement,
+//! heterogeneous batches with exact gradient maths, the optimizer update
+//! sharded by local batch, evaluation, checkpoints, and a clean stop on
+//! SIGTERM.
+//!
+//! [`run`] builds the fixed [`setup::Parts`], joins the group and drives a
+//! [`Trainer`]: `resume`, then per step `boundary` (agreement), `step`
+//! (data, forward, backward with the overlapped gradient exchange, update)
+//! and `end_of_step` (evaluation, balancing, status, checkpoints), then
+//! `finish`.
+
+mod epoch;
+mod resume;
+mod setup;
+mod step;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use heterotrain_crds::BatchPlan;
+use tch::{Device, Tensor};
+
+use crate::c10d::{self, ProcessGroup, Reducer};
+use crate::checkpoint::{self, Snapshot};
+use crate::cli::{BalancerMode, OptimizerSharding, TrainConfig};
+use crate::control;
+use crate::error::{Result, TrainerError};
+use crate::local_balance::{self, Interval, LocalBalancer};
+use crate::log::JsonlLog;
+use crate::optim::Optimizer;
+use crate::plan_source::{PlanGate, PlanSource};
+use crate::sampler::{HeteroSampler, SamplerPosition};
+use crate::shard::Layout;
+
+pub use setup::{apply_threads, open_gpu, pick_device};
+use setup::{Named, Parts, Plans};
+
+/// What a finished run reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub steps: u64,
+    pub stopped_by_signal: bool,
+    pub last_eval_accuracy: Option<f64>,
+}
+
+/// Run training with `cfg` until done or stopped; `stop` is set by SIGTERM.
+pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
+    cfg.validate().map_err(TrainerError::Config)?;
+    apply_threads(cfg);
+    if cfg.deterministic {
+        c10d::set_deterministic(true);
+    }
+    let (parts, plans) = Parts::build(cfg)?;
+    let pg = setup::join(cfg, parts.device)?;
+    let pg = pg.as_ref();
+    let _bound = pg.map(|g| parts.group_slot.bind(g));
+    let mut t = Trainer::new(cfg, &parts, plans, pg)?;
+    while t.step < parts.total {
+        let started = Instant::now();
+        if !t.boundary(stop.load(Ordering::SeqCst))? {
+            break;
+        }
+        t.step(started, &stop)?;
+        t.end_of_step()?;
+    }
+    t.finish()
+}
+
+/// The run's changing state, over the fixed [`Parts`] and the group.
+struct Trainer<'a> {
+    cfg: &'a TrainConfig,
+    p: &'a Parts,
+    pg: Option<&'a ProcessGroup>,
+    /// PyTorch's DDP engine over the parameters (a group only).
+    reducer: Option<Reducer<'a>>,
+    opt: Optimizer,
+    /// Who updates which parameters; follows the plan.
+    layout: Layout,
+    plan: BatchPlan,
+    source: Box<dyn PlanSource>,
+    gate: PlanGate,
+    /// Rank 0's local balancer (`--balancer local`) and its next plan.
+    balancer: Option<LocalBalancer>,
+    pending: Option<BatchPlan>,
+    interval: Interval,
+    /// The step after a plan change (its compute is not measured).
+    warm: bool,
+    status_since: (Instant, u64),
+    sampler: HeteroSampler,
+    pos: SamplerPosition,
+    step: u64,
+    /// The agreement for the next step boundary, from the previous step's
+    /// control all-reduce (none before the first step).
+    carried: Option<control::Agreement>,
+    log: JsonlLog,
+    /// The last step's loss over the global batch.
+    global_loss: f64,
+    last_acc: Option<f64>,
+    stopped: bool,
+}
+
+impl<'a> Trainer<'a> {
+    fn new(
+        cfg: &'a TrainConfig,
+        p: &'a Parts,
+        plans: Plans,
+        pg: Option<&'a ProcessGroup>,
+    ) -> Result<Trainer<'a>> {
+        // Replicated (whole state everywhere) until the first agreed plan.
+        let layout = Layout::Replicated { len: p.flat.len() };
+        let mut t = Trainer {
+            cfg,
+            p,
+            pg,
+            reducer: None,
+            opt: Optimizer::new(cfg, &p.flat, layout.own(cfg.rank)),
+            layout,
+            plan: plans.plan,
+            source: plans.source,
+            gate: plans.gate,
+            balancer: None,
+            pending: None,
+            interval: Interval::default(),
+            warm: true,
+            status_since: (Instant::now(), 0),
+            sampler: HeteroSampler::new(p.data.train_len(), cfg.seed, !cfg.no_shuffle),
+            pos: SamplerPosition {
+                epoch: 0,
+                step_in_epoch: 0,
+            },
+            step: 0,
+            carried: None,
+            log: JsonlLog::open(&cfg.output_dir, cfg.rank)?,
+            global_loss: f64::NAN,
+            last_acc: None,
+            stopped: false,
+        };
+        t.resume()?;
+        t.status_since.1 = t.step;
+        p.mx.set_position(t.step, t.pos.epoch);
+        p.mx.set_plan(t.plan.generation, t.local_batch());
+        t.start_local_balancer()?;
+        t.reducer = match pg {
+            Some(g) => {
+                let bucket = cfg.bucket_mib.max(1) << 20;
+                Some(g.reducer(&p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?)
+            }
+            None => None,
+        };
+        Ok(t)
+    }
+
+    /// This rank's local batch under the current plan.
+    fn local_batch(&self) -> u32 {
+        self.plan
+            .batch_sizes
+            .get(self.cfg.rank)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// This rank's share b_r / B of the global batch.
+    fn share(&self) -> f64 {
+        f64::from(self.local_batch()) / f64::from(self.plan.global_batch_size.max(1))
+    }
+
+    /// Bare-metal balancing: profiles are gathered once; rank 0 decides.
+    fn start_local_balancer(&mut self) -> Result<()> {
+        if self.cfg.balancer != BalancerMode::Local {
+            return Ok(());
+        }
+        let profiles = local_balance::gather_profiles(self.pg, self.p.hw_profile.as_ref())?;
+        if self.cfg.rank == 0 {
+            let mut lb = LocalBalancer::new(self.cfg)?;
+            lb.observe_profiles(&profiles);
+            if profiles.iter().all(Option::is_some) {
+                self.pending = lb.round(&[], &self.plan);
+            }
+            self.balancer = Some(lb);
+        }
+        Ok(())
+    }
+
+    /// Whether the update is sharded by local batch.
+    fn sharded(&self) -> bool {
+        self.cfg.optimizer_sharding == OptimizerSharding::Proportional
+    }
+
+    /// The whole optimizer state, named per parameter. Collective under a
+    /// sharded layout (pass the group); `None` reads this rank's own state,
+    /// which is whole before the first step.
+    fn whole_optimizer_state(&self, pg: Option<&ProcessGroup>) -> Result<Named> {
+        let (flat, rank) = (&self.p.flat, self.cfg.rank);
+        let whole = self.opt.gather(pg, rank, &self.layout, flat.len())?;
+        Ok(self.opt.named(&whole, flat, &self.p.param_names))
+    }
+
+    /// A checkpoint of the current state. Every rank calls it at the same
+    /// step (the optimizer state is gathered from its owners); rank 0 writes.
+    fn save(&self) -> Result<()> {
+        let optimizer = self.whole_optimizer_state(self.pg)?;
+        let Some(dir) = self
+            .cfg
+            .checkpoint_dir
+            .as_ref()
+            .filter(|_| self.cfg.rank == 0)
+        else {
+            return Ok(());
+        };
+        checkpoint::save(
+            dir,
+            &Snapshot {
+                step: self.step,
+                position: self.pos,
+                seed: self.cfg.seed,
+                shuffle: !self.cfg.no_shuffle,
+                optimizer_steps: self.opt.steps,
+                plan: &self.plan,
+                model: &self.p.model_name,
+                fingerprint: &self.p.fingerprint,
+                weights: &self.p.all_vars,
+                optimizer: &optimizer,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// The end of the run: buffers agreed, a last checkpoint, the weights.
+    fn finish(self) -> Result<RunSummary> {
+        epoch::agree_buffers(self.cfg, self.pg, &self.p.all_vars, self.share())?;
+        self.save()?;
+        self.p.mx.set_finished();
+        if self.cfg.rank == 0 {
+            write_weights(
+                &self.cfg.output_dir.join("model.safetensors"),
+                &self.p.all_vars,
+            )?;
+        }
+        if let Some(pg) = self.pg {
+            pg.barrier()?;
+        }
+        Ok(RunSummary {
+            steps: self.step,
+            stopped_by_signal: self.stopped,
+            last_eval_accuracy: self.last_acc,
+        })
+    }
+}
+
+/// The Reducer's first bucket (as DDP's): small, so communication starts
+/// early in backward.
+const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// Final weights as safetensors (names = VarStore paths), written atomically.
+fn write_weights(path: &Path, vars: &[(String, Tensor)]) -> Result<()> {
+    let tmp = path.with_extension("safetensors.tmp");
+    let cpu: Vec<(String, Tensor)> = vars
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_device(Device::Cpu).contiguous()))
+        .collect();
+    Tensor::write_safetensors(&cpu, &tmp)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TrainerError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainerError::io(path, e))
+}

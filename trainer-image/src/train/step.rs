@@ -1,0 +1,287 @@
+//! One training step: the step-boundary agreement, then data, forward,
+//! backward (the Reducer exchanging gradient buckets while it runs), the
+//! sharded update and the step's record.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use heterotrain_crds::BatchPlan;
+use tch::Tensor;
+
+use crate::c10d::{self, PendingWork};
+use crate::control;
+use crate::error::{Result, TrainerError};
+use crate::log::{StepRecord, StepTimings};
+use crate::optim;
+use crate::shard::Layout;
+
+use super::setup::sync_device;
+use super::Trainer;
+
+/// What forward and backward leave for the rest of the step.
+struct Pass<'a> {
+    local_loss: f64,
+    /// The global loss (Σ_r b_r/B · loss_r), being all-reduced.
+    loss_sum: Tensor,
+    loss_work: Option<PendingWork<'a>>,
+    /// (buckets launched before backward ended, buckets).
+    overlap: Option<(usize, usize)>,
+}
+
+impl<'a> Trainer<'a> {
+    /// The step boundary: every rank applies the same agreement (plan and
+    /// stop). Returns false when the run stops here.
+    pub(super) fn boundary(&mut self, stop_requested: bool) -> Result<bool> {
+        let rank = self.cfg.rank;
+        let agreed = match self.carried.take() {
+            Some(a) => a,
+            None => {
+                let proposed = self.propose();
+                control::agree(self.pg, rank, &proposed, stop_requested)?
+            }
+        };
+        if agreed.stop {
+            self.stopped = true;
+            return Ok(false);
+        }
+        // Generation 0 from a ConfigMap may replace the built-in equal split
+        // of the same generation: compare the batches too.
+        let plan = &self.plan;
+        if agreed.plan.generation != plan.generation || agreed.plan.batch_sizes != plan.batch_sizes
+        {
+            agreed
+                .plan
+                .validate_for(self.cfg.world_size, self.cfg.batch_size)
+                .map_err(|e| TrainerError::Config(format!("agreed plan is invalid: {e}")))?;
+            if rank == 0 {
+                eprintln!(
+                    "rank 0: step {}: switching to plan generation {} {:?}",
+                    self.step + 1,
+                    agreed.plan.generation,
+                    agreed.plan.batch_sizes
+                );
+            }
+            self.plan = agreed.plan;
+            self.p.mx.set_plan(self.plan.generation, self.local_batch());
+            self.warm = true;
+        }
+        // The optimizer ranges follow the plan (the state moves with them).
+        let len = self.p.flat.len();
+        let wanted = Layout::for_plan(len, &self.plan.batch_sizes, self.sharded());
+        if wanted != self.layout {
+            let whole = self.opt.gather(self.pg, rank, &self.layout, len)?;
+            self.opt.adopt(&whole, wanted.own(rank));
+            self.layout = wanted;
+        }
+        Ok(true)
+    }
+
+    /// One step from data to update, logged; `started` is when its
+    /// boundary began.
+    pub(super) fn step(&mut self, started: Instant, stop: &AtomicBool) -> Result<()> {
+        let (rank, device) = (self.cfg.rank, self.p.device);
+        let mut tm = StepTimings::default();
+        let t0 = Instant::now();
+        // Rank 0's next proposal and every stop request: a small all-reduce
+        // started now, overlapped with this step's compute and waited at its
+        // end; it takes effect at the next step boundary.
+        let proposed = self.propose();
+        let stop_now = stop.load(Ordering::SeqCst);
+        let mut word = control::encode(rank, self.cfg.world_size, &proposed, stop_now);
+        let word_work = self.start_sum(&mut word)?;
+
+        let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
+        let (x, y) = self.p.data.train_batch(&idx, device);
+        sync_device(device);
+        let t1 = Instant::now();
+        tm.data_seconds = (t1 - t0).as_secs_f64();
+
+        let pass = self.forward_backward(&x, &y, &mut tm)?;
+        if let Some(w) = word_work {
+            w.wait()?;
+        }
+        if let Some(w) = pass.loss_work {
+            w.wait()?;
+        }
+        self.carried = Some(control::decode(&word, rank, &proposed));
+        let global_loss = if self.pg.is_some() {
+            pass.loss_sum.double_value(&[0])
+        } else {
+            pass.local_loss
+        };
+        sync_device(device);
+        // Exposed communication: everything in forward and backward that
+        // was not local compute, plus the final waits.
+        tm.allreduce_seconds =
+            (t1.elapsed().as_secs_f64() - tm.forward_seconds - tm.backward_seconds).max(0.0);
+        let lr = self.update(&mut tm)?;
+        self.step += 1;
+        self.record(started, tm, pass.local_loss, global_loss, lr, pass.overlap)
+    }
+
+    /// Start an asynchronous SUM all-reduce of `t` (none without a group).
+    fn start_sum(&self, t: &mut Tensor) -> Result<Option<PendingWork<'a>>> {
+        self.pg.map(|g| g.all_reduce_sum_async(t)).transpose()
+    }
+
+    /// Forward and backward of this rank's batch. Forward and backward
+    /// times exclude waiting inside collectives (synchronised BatchNorm).
+    fn forward_backward(&self, x: &Tensor, y: &Tensor, tm: &mut StepTimings) -> Result<Pass<'a>> {
+        let device = self.p.device;
+        let waited0 = c10d::autograd_collective_seconds();
+        let t1 = Instant::now();
+        if let Some(r) = &self.reducer {
+            r.prepare_forward()?;
+        }
+        let logits = self.p.model.forward(x, true);
+        if let Some(msg) = self.p.group_slot.take_error() {
+            return Err(TrainerError::Collective {
+                op: "batch_norm",
+                msg,
+            });
+        }
+        let loss = self.p.model.loss(&logits, y);
+        let local_loss = loss.double_value(&[]);
+        sync_device(device);
+        let t2 = Instant::now();
+        let waited1 = c10d::autograd_collective_seconds();
+        tm.forward_seconds = ((t2 - t1).as_secs_f64() - (waited1 - waited0).max(0.0)).max(0.0);
+        let scale = self.share();
+        let mut loss_sum = Tensor::from_slice(&[local_loss * scale]);
+        let loss_work = self.start_sum(&mut loss_sum)?;
+
+        zero_grads(&self.p.params);
+        // The b_r / B weight goes into the loss, so the SUM of the ranks'
+        // gradients is the gradient of the mean loss over the global batch,
+        // and cross-rank terms (synchronised BatchNorm) are weighted right.
+        // With a group, PyTorch's Reducer SUM-all-reduces gradient buckets
+        // while backward still runs; they are reduced when it returns.
+        let scaled = &loss * scale;
+        if let Some(r) = &self.reducer {
+            r.prepare_backward(&scaled)?;
+        }
+        scaled.f_backward().map_err(|e| TrainerError::Collective {
+            op: "backward",
+            msg: e.to_string().lines().next().unwrap_or_default().to_string(),
+        })?;
+        sync_device(device);
+        let backward_wait = (c10d::autograd_collective_seconds() - waited1).max(0.0);
+        let trace = self.reducer.as_ref().map(|r| r.trace());
+        let local_backward = match &trace {
+            Some(t) if t.backward_seconds > 0.0 => t.backward_seconds,
+            _ => t2.elapsed().as_secs_f64(),
+        };
+        tm.backward_seconds = (local_backward - backward_wait).max(0.0);
+        Ok(Pass {
+            local_loss,
+            loss_sum,
+            loss_work,
+            overlap: trace.map(|t| (t.overlapped_launches(), t.ready_at_launch.len())),
+        })
+    }
+
+    /// This rank's share of the update, then the owners' broadcasts (their
+    /// wait counts as communication). Returns the learning rate used.
+    fn update(&mut self, tm: &mut StepTimings) -> Result<f64> {
+        let device = self.p.device;
+        let t4 = Instant::now();
+        let lr = optim::lr_at(self.cfg, self.step + 1, self.p.total);
+        self.opt.step(&self.p.flat, lr);
+        sync_device(device);
+        let t5 = Instant::now();
+        tm.optimizer_seconds = (t5 - t4).as_secs_f64();
+        let flat = &self.p.flat;
+        self.layout.share(self.pg, &flat.range((0, flat.len())))?;
+        sync_device(device);
+        tm.allreduce_seconds += t5.elapsed().as_secs_f64();
+        Ok(lr)
+    }
+
+    /// The step's log line, metrics and balancer sample.
+    fn record(
+        &mut self,
+        started: Instant,
+        tm: StepTimings,
+        local_loss: f64,
+        global_loss: f64,
+        lr: f64,
+        overlap: Option<(usize, usize)>,
+    ) -> Result<()> {
+        let (b_local, b_global) = (self.local_batch(), self.plan.global_batch_size);
+        // Includes the step-boundary agreement.
+        let step_s = started.elapsed().as_secs_f64();
+        let (lo, hi) = self.opt.range();
+        self.log.write(&StepRecord {
+            event: "step",
+            rank: self.cfg.rank,
+            step: self.step,
+            epoch: self.pos.epoch,
+            generation: self.plan.generation,
+            batch_size: b_local,
+            global_batch_size: b_global,
+            loss: local_loss,
+            global_loss,
+            lr,
+            timings: tm,
+            compute_seconds: tm.compute_seconds(),
+            step_seconds: step_s,
+            samples_per_second: f64::from(b_global) / step_s.max(1e-12),
+            invalid_plans: self.gate.invalid_plans,
+            buckets: overlap.map(|o| o.1),
+            overlapped_buckets: overlap.map(|o| o.0),
+            optimizer_elements: hi - lo,
+            unix_seconds: crate::log::unix_seconds(),
+        });
+        self.p
+            .mx
+            .observe_step(self.step, self.pos.epoch, b_local, &tm, step_s, local_loss);
+        self.interval
+            .record(b_local, tm.compute_seconds(), !self.warm);
+        self.warm = false;
+        self.global_loss = global_loss;
+        if !global_loss.is_finite() {
+            return Err(TrainerError::Data(format!(
+                "loss became {global_loss} at step {}; lower --lr",
+                self.step
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rank 0: the plan to propose for the next step (the local balancer's
+    /// pending plan, then the plan source's, each through the gate). Other
+    /// ranks propose nothing (their control word carries only a stop request).
+    fn propose(&mut self) -> BatchPlan {
+        let mut proposed = self.plan.clone();
+        if self.cfg.rank != 0 {
+            return proposed;
+        }
+        let world = self.plan.batch_sizes.len();
+        for p in [self.pending.take().map(Ok), self.source.poll()]
+            .into_iter()
+            .flatten()
+        {
+            match self.gate.consider(p, &proposed, world) {
+                Some(p) => proposed = p,
+                None => {
+                    if let Some(r) = self.gate.last_reason.take() {
+                        self.p.mx.plan_rejected(r);
+                    }
+                }
+            }
+        }
+        proposed
+    }
+}
+
+/// Zero the gradients in place (they may be views into the Reducer's
+/// bucket buffers, which must stay in place).
+fn zero_grads(params: &[Tensor]) {
+    let _guard = tch::no_grad_guard();
+    for p in params {
+        let mut g = p.grad();
+        if g.defined() {
+            let _ = g.f_zero_();
+        }
+    }
+}
