@@ -34,10 +34,14 @@ ours() { # model batch steps warmup extra...
   local model=$1 b=$2 steps=$3 warm=$4; shift 4
   local out="$tmp/ours-$RANDOM" p; p=$(port)
   for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
-      --model "$model" --dataset synthetic_image --synthetic-samples 4096 --batch-size "$b" \
-      --max-steps $((steps + warm)) --epochs 1000 --lr 0.01 --threads "$threads" \
-      --output-dir "$out" "$@" 2>/dev/null &
+    (
+      # SLOW_CGROUP: rank 1 runs in this CPU-quota cgroup (the slow node).
+      if [ "$r" = 1 ] && [ -n "${SLOW_CGROUP:-}" ]; then echo "$BASHPID" > "$SLOW_CGROUP/cgroup.procs"; fi
+      exec env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
+        --model "$model" --dataset synthetic_image --synthetic-samples 4096 --batch-size "$b" \
+        --max-steps $((steps + warm)) --epochs 1000 --lr 0.01 --threads "$threads" \
+        --metrics-port 0 --output-dir "$out" "$@" 2>/dev/null
+    ) &
   done
   wait
   "$py" - "$out" "$b" "$warm" <<'PY'
@@ -87,3 +91,27 @@ echo "optimizer update sharded in proportion to the local batches vs replicated 
 printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
 paired "resnet18, 32 / 32" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --optimizer-sharding replicated"
 paired "mlp (hidden 512), 128 / 128" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --optimizer-sharding replicated"
+
+# A slow rank: rank 1 in a cgroup at 0.3 core (10 ms period), where the
+# update's cost on the slow rank shows. Needs a writable cgroup (root).
+slow_cgroup() {
+  local v1=/sys/fs/cgroup/cpu v2=/sys/fs/cgroup d
+  if [ -d "$v1" ] && [ -w "$v1" ]; then
+    d="$v1/ht-bench-slow-$$"; mkdir -p "$d" && echo 10000 > "$d/cpu.cfs_period_us" && echo 3000 > "$d/cpu.cfs_quota_us" && echo "$d"
+  elif [ -f "$v2/cgroup.controllers" ] && [ -w "$v2" ]; then
+    d="$v2/ht-bench-slow-$$"; mkdir -p "$d" && echo "3000 10000" > "$d/cpu.max" && echo "$d"
+  fi
+}
+if SLOW_CGROUP=$(slow_cgroup 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
+  export SLOW_CGROUP
+  plan="$tmp/plan-52-12.json"
+  echo '{"generation":0,"globalBatchSize":64,"batchSizes":[52,12]}' > "$plan"
+  echo
+  echo "the same with rank 1 at 0.3 core, plan 52 / 12 (ours, $runs interleaved pairs)"
+  printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+  paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding replicated"
+  rmdir "$SLOW_CGROUP" 2>/dev/null || true
+else
+  echo
+  echo "(no writable cgroup: the slow-rank comparison is skipped)"
+fi
