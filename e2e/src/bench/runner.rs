@@ -163,15 +163,12 @@ impl BenchCluster {
         verbose: bool,
     ) -> Result<BenchCluster> {
         let system = System::start(SystemOptions {
-            name: "bench".into(),
-            nodes,
             operator_args: vec![
                 "--scrape-interval=1".into(),
                 format!("--rebalance-interval={rebalance_interval}"),
             ],
-            prometheus: false,
-            state_dir: None,
             verbose,
+            ..SystemOptions::new("bench", nodes)
         })
         .await?;
         let client = system.client().await?;
