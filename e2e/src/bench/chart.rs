@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -58,6 +59,32 @@ pub fn palette(i: usize) -> RGBColor {
 
 pub fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e}")
+}
+
+/// The legend box, at `pos`.
+pub fn legend<'a, 'b: 'a>(
+    chart: &mut ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    pos: SeriesLabelPosition,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(pos)
+        .draw()
+        .map_err(err)
+}
+
+/// Label of an x axis of categories, category i spanning [i, i + 1): its
+/// name at the middle, nothing elsewhere.
+pub fn category_label<S: AsRef<str>>(names: &[S], x: f64) -> String {
+    let i = x.floor() as usize;
+    if (x - x.floor() - 0.5).abs() < 0.01 && i < names.len() {
+        names[i].as_ref().to_string()
+    } else {
+        String::new()
+    }
 }
 
 /// A line chart: named series of (x, y), horizontal reference lines, and
@@ -167,14 +194,7 @@ pub fn line_chart(path: &Path, c: &LineChart) -> Result<()> {
             .label(name)
             .legend(move |(x, yy)| PathElement::new(vec![(x, yy), (x + 16, yy)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -215,14 +235,7 @@ pub fn stacked_bars(path: &Path, c: &StackedBars) -> Result<()> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 && i < names.len() {
-                names[i].to_string()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| category_label(names.as_slice(), *x))
         .y_desc(c.y_label)
         .label_style(("sans-serif", 13))
         .draw()
@@ -249,14 +262,7 @@ pub fn stacked_bars(path: &Path, c: &StackedBars) -> Result<()> {
             .label(part)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(())
 }

@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 use plotters::prelude::*;
 
 use super::chart::{
-    err, init_font, line_chart, palette, stacked_bars, LineChart, StackedBars, H, W,
+    category_label, err, init_font, legend, line_chart, palette, stacked_bars, LineChart,
+    StackedBars, H, W,
 };
 use super::{Results, RunResult};
 
@@ -54,14 +55,7 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(scenarios.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 && i < names.len() {
-                names[i].to_string()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| category_label(names.as_slice(), *x))
         .y_desc("samples/s")
         .label_style(("sans-serif", 14))
         .draw()
@@ -104,14 +98,7 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
             }
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(())
 }

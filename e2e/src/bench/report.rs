@@ -94,16 +94,13 @@ fn paired_section(s: &mut String, r: &Results) {
     if r.paired.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n## Interleaved runs: paired ratios\n");
-    let _ = writeln!(
+    table_head(
         s,
-        "In the 2-node scenarios every round runs the concurrent ideal, then static, then dynamic (round 1 also the other policies), so that a ratio compares runs measured minutes apart under the same load; median (min–max, n rounds).\n"
+        "Interleaved runs: paired ratios",
+        "In the 2-node scenarios every round runs the concurrent ideal, then static, then dynamic (round 1 also the other policies), so that a ratio compares runs measured minutes apart under the same load; median (min–max, n rounds).",
+        "| model | scenario | rounds | dynamic / static | dynamic / ideal conc | static / ideal conc |",
+        "|---|---|---:|---:|---:|---:|",
     );
-    let _ = writeln!(
-        s,
-        "| model | scenario | rounds | dynamic / static | dynamic / ideal conc | static / ideal conc |"
-    );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
     for p in &r.paired {
         let _ = writeln!(
             s,
@@ -130,21 +127,12 @@ fn time_split_section(s: &mut String, r: &Results) {
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(
+    table_head(
         s,
-        "\n## Time per step and rank (first round, steady state)\n"
-    );
-    let _ = writeln!(
-        s,
-        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).\n"
-    );
-    let _ = writeln!(
-        s,
-        "| model | scenario | policy | rank | node | local batch | step | compute | exposed comm | optimizer | other | optimizer elements |"
-    );
-    let _ = writeln!(
-        s,
-        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        "Time per step and rank (first round, steady state)",
+        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).",
+        "| model | scenario | policy | rank | node | local batch | step | compute | exposed comm | optimizer | other | optimizer elements |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     );
     for (x, splits) in rows {
         for k in splits {
@@ -166,6 +154,14 @@ fn time_split_section(s: &mut String, r: &Results) {
             );
         }
     }
+}
+
+/// A section's heading, introduction, table header and alignment row.
+fn table_head(s: &mut String, title: &str, intro: &str, header: &str, align: &str) {
+    let _ = writeln!(s, "\n## {title}\n");
+    let _ = writeln!(s, "{intro}\n");
+    let _ = writeln!(s, "{header}");
+    let _ = writeln!(s, "{align}");
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -309,19 +305,13 @@ pub fn markdown(r: &Results) -> String {
         }
     }
     if !r.scale.is_empty() {
-        let _ = writeln!(
-            s,
-            "\n## Operator scale (8 ranks per job, nodes that don't run processes)\n"
+        table_head(
+            &mut s,
+            "Operator scale (8 ranks per job, nodes that don't run processes)",
+            "Steady: while holding the jobs with every pod Running. Creating: from creating the new jobs until the operator reported all of them Running. Quantiles from the operator's reconcile histogram (bounds 5 ms × 2ⁿ), interpolated.",
+            "| jobs | pods | steady reconciles | p50 | p99 | creating: reconciles | p50 | p99 | operator RSS | all jobs Running after |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         );
-        let _ = writeln!(
-            s,
-            "Steady: while holding the jobs with every pod Running. Creating: from creating the new jobs until the operator reported all of them Running. Quantiles from the operator's reconcile histogram (bounds 5 ms × 2ⁿ), interpolated.\n"
-        );
-        let _ = writeln!(
-            s,
-            "| jobs | pods | steady reconciles | p50 | p99 | creating: reconciles | p50 | p99 | operator RSS | all jobs Running after |"
-        );
-        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for p in &r.scale {
             let ms = |v: Option<f64>| opt(v.map(|x| x * 1000.0), 0) + " ms";
             let _ = writeln!(
