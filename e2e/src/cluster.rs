@@ -18,6 +18,9 @@ use crate::paths::{cache_dir, find_binary};
 use crate::pki::ensure_pki;
 use crate::ports::free_ports;
 
+/// How often the start-up waits look again.
+const POLL: Duration = Duration::from_millis(250);
+
 /// Binaries the control plane needs, with where `make setup` puts them.
 pub const REQUIRED_BINARIES: [&str; 4] = [
     "etcd",
@@ -362,52 +365,38 @@ impl LocalCluster {
     }
 
     async fn wait_apiserver(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let client = self.client().await?;
-        loop {
-            let ready = client
-                .request_text(http_get("/readyz").map_err(|e| anyhow!("building request: {e}"))?)
-                .await;
-            if matches!(&ready, Ok(body) if body.trim() == "ok") {
-                return Ok(());
-            }
-            if self.exited("kube-apiserver") {
-                bail!(
-                    "kube-apiserver exited:\n{}",
-                    log_tail(&self.state_dir, "kube-apiserver")
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "kube-apiserver not ready after {timeout:?} ({ready:?}):\n{}",
-                    log_tail(&self.state_dir, "kube-apiserver")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let client = &client;
+        let ready =
+            crate::wait::eventually("kube-apiserver /readyz", timeout, POLL, || async move {
+                let req = http_get("/readyz").map_err(|e| anyhow!("building request: {e}"))?;
+                let ok = matches!(client.request_text(req).await, Ok(body) if body.trim() == "ok");
+                self.component_alive("kube-apiserver")?;
+                Ok(ok.then_some(()))
+            })
+            .await;
+        ready.map_err(|e| e.context(log_tail(&self.state_dir, "kube-apiserver")))
     }
 
     async fn wait_default_sa(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let sas: Api<ServiceAccount> = Api::namespaced(self.client().await?, "default");
-        loop {
-            if let Ok(Some(_)) = sas.get_opt("default").await {
-                return Ok(());
-            }
-            if self.exited("kube-controller-manager") {
-                bail!(
-                    "kube-controller-manager exited:\n{}",
-                    log_tail(&self.state_dir, "kube-controller-manager")
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "controller manager did not create the default ServiceAccount in {timeout:?}:\n{}",
-                    log_tail(&self.state_dir, "kube-controller-manager")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        let sas = &sas;
+        let what = "the controller manager's default ServiceAccount";
+        let made = crate::wait::eventually(what, timeout, POLL, || async move {
+            let found = matches!(sas.get_opt("default").await, Ok(Some(_)));
+            self.component_alive("kube-controller-manager")?;
+            Ok(found.then_some(()))
+        })
+        .await;
+        made.map_err(|e| e.context(log_tail(&self.state_dir, "kube-controller-manager")))
+    }
+
+    /// An error if the component `name` has exited.
+    fn component_alive(&self, name: &str) -> Result<()> {
+        if self.exited(name) {
+            bail!("{name} exited");
         }
+        Ok(())
     }
 
     fn exited(&self, name: &str) -> bool {

@@ -15,6 +15,7 @@ pub mod ports;
 pub mod prometheus;
 pub mod system;
 pub mod volumes;
+pub mod wait;
 
 pub use cluster::{ClusterOptions, LocalCluster};
 pub use paths::cache_dir;

@@ -2,12 +2,14 @@
 //! CRD installs, every example is accepted, and nonsense is refused by the
 //! API server itself with a message naming the bad field.
 
+mod support;
+
 use heterotrain_crds::HeteroTrainingJob;
-use heterotrain_e2e::crd::install_crd;
-use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use heterotrain_e2e::system::SystemOptions;
 use kube::api::{Api, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
+use support::*;
 
 const EXAMPLES: &[(&str, &str)] = &[
     ("quickstart", include_str!("../../examples/quickstart.yaml")),
@@ -142,14 +144,13 @@ fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_examples_and_invalid_jobs() {
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: "api-test".into(),
-        ..Default::default()
+    // The control plane and the CRD: no nodes, no operator.
+    let mut bed = test_bed(SystemOptions {
+        crd: true,
+        ..SystemOptions::bare("api-test", nodes("nodes: []\n"))
     })
-    .await
-    .expect("start local control plane");
-    let client = cluster.client().await.unwrap();
-    install_crd(&client).await.expect("install CRD");
+    .await;
+    let client = bed.client().await.unwrap();
 
     let gvk = GroupVersionKind::gvk("heterotrain.dev", "v1alpha1", "HeteroTrainingJob");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "heterotrainingjobs");
@@ -205,5 +206,5 @@ async fn crd_examples_and_invalid_jobs() {
             Err(e) => panic!("{name}: unexpected error {e}"),
         }
     }
-    cluster.stop();
+    bed.stop().await;
 }

@@ -74,14 +74,36 @@ fn throttle_scenario_writes_results_and_plots() {
     assert!(alone.contains(&("two-fast", 0.4)), "{alone:?}");
     assert!(alone.contains(&("two-slow", 0.33)), "{alone:?}");
     assert!(r.standalone.iter().all(|s| s.samples_per_second > 0.0));
+    // The concurrent ideal: both ranks together, at both phases' speeds.
+    let together: Vec<(&str, f64)> = r
+        .standalone
+        .iter()
+        .filter(|s| s.together)
+        .map(|s| (s.node.as_str(), s.speed))
+        .collect();
+    assert!(together.contains(&("two-fast", 0.4)), "{together:?}");
+    assert!(together.contains(&("two-slow", 0.33)), "{together:?}");
+    assert!(x.ideal_concurrent.is_some_and(|i| i > 0.0));
+    assert!(x.efficiency_concurrent.is_some());
+    // One round (--quick), its paired ratios, and the per-rank time split.
+    assert_eq!(r.paired.len(), 1);
+    assert_eq!(r.paired[0].rounds, 1);
+    assert!(x.series.allreduce_seconds.iter().all(|a| a.len() == 180));
+    assert!(x.series.optimizer_seconds.iter().all(|a| a.len() == 180));
+    assert_eq!(x.optimizer_elements.len(), 2);
     let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
-    assert!(md.contains("| simple_cnn | throttle | dynamic |"), "{md}");
+    assert!(
+        md.contains("| simple_cnn | throttle | dynamic | 1 |"),
+        "{md}"
+    );
+    assert!(md.contains("exposed comm"), "{md}");
     let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
     assert_eq!(csv.lines().count(), 2);
     for png in [
         "throughput-simple_cnn.png",
         "recovery-simple_cnn.png",
         "batches-simple_cnn-throttle.png",
+        "time-split-simple_cnn-throttle.png",
     ] {
         let bytes = std::fs::read(out.join(png)).unwrap_or_default();
         assert!(bytes.len() > 1000 && &bytes[1..4] == b"PNG", "{png}");

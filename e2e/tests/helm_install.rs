@@ -13,8 +13,8 @@ mod support;
 
 use std::time::Duration;
 
-use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
-use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use heterotrain_e2e::nodesim::NodeSimulator;
+use heterotrain_e2e::system::SystemOptions;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
@@ -43,27 +43,15 @@ async fn dump(client: &Client, sim: &NodeSimulator) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cleanly() {
     let _serial = SERIAL.lock().await;
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: "helm-install".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane (run `make setup`)");
-    let client = cluster.client().await.unwrap();
     // `ops` runs its pods' processes (the operator); `lab` only reports its
     // pods Running, like a node whose trainers never finish by themselves.
-    let nodes = NodesFile::parse(
-        "nodes:\n- {name: ops, cpu: '2'}\n- {name: lab, cpu: '8', runProcesses: false}\n",
-    )
-    .unwrap();
-    let sim = NodeSimulator::start(
-        client.clone(),
-        nodes,
-        cluster.state_dir(),
-        cluster.kubeconfig_renderer(),
-    )
-    .await
-    .expect("start node simulator");
+    let mut bed = test_bed(SystemOptions::bare(
+        "helm-install",
+        nodes("nodes:\n- {name: ops, cpu: '2'}\n- {name: lab, cpu: '8', runProcesses: false}\n"),
+    ))
+    .await;
+    let client = bed.client().await.unwrap();
+    let (cluster, sim) = (&bed.cluster, &bed.sim);
     create_namespace(&client, JOBS_NS).await;
 
     let kubeconfig = cluster.kubeconfig_path();
@@ -95,7 +83,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         "180s",
     ]);
     if let Err(e) = &install {
-        panic!("{e}\n{}", dump(&client, &sim).await);
+        panic!("{e}\n{}", dump(&client, sim).await);
     }
     let install = install.unwrap();
     assert!(install.contains("STATUS: deployed"), "{install}");
@@ -191,7 +179,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
                 .ok()
                 .flatten()
                 .map(|j| j.data["status"].clone()),
-            dump(&client, &sim).await
+            dump(&client, sim).await
         );
     }
     let ranks = job_pods
@@ -304,7 +292,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
     assert!(
         done.is_ok(),
         "job never Succeeded\n{}",
-        dump(&client, &sim).await
+        dump(&client, sim).await
     );
 
     // Delete the job (its children go with it), then uninstall.
@@ -427,8 +415,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         .unwrap()
         .is_some());
 
-    sim.stop().await;
-    cluster.stop();
+    bed.stop().await;
 }
 
 /// Real trainers (`target/<profile>/heterotrain-trainer`) under the chart's
@@ -436,25 +423,13 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_installed_operator_trains_a_job_to_succeeded() {
     let _serial = SERIAL.lock().await;
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: "helm-train".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane (run `make setup`)");
-    let client = cluster.client().await.unwrap();
-    let nodes = NodesFile::parse(
-        "nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.5, cpu: '1'}\n",
-    )
-    .unwrap();
-    let sim = NodeSimulator::start(
-        client.clone(),
-        nodes,
-        cluster.state_dir(),
-        cluster.kubeconfig_renderer(),
-    )
-    .await
-    .expect("start node simulator");
+    let mut bed = test_bed(SystemOptions::bare(
+        "helm-train",
+        nodes("nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.5, cpu: '1'}\n"),
+    ))
+    .await;
+    let client = bed.client().await.unwrap();
+    let (cluster, sim) = (&bed.cluster, &bed.sim);
     create_namespace(&client, JOBS_NS).await;
     let kubeconfig = cluster.kubeconfig_path();
     let chart = chart_dir();
@@ -521,13 +496,13 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
     .await;
     let status = match done {
         Ok(s) => s,
-        Err(_) => panic!("job did not finish in 300 s\n{}", dump(&client, &sim).await),
+        Err(_) => panic!("job did not finish in 300 s\n{}", dump(&client, sim).await),
     };
     assert_eq!(
         status["phase"],
         "Succeeded",
         "{status}\n{}",
-        dump(&client, &sim).await
+        dump(&client, sim).await
     );
     // status.step is the last step the operator read (it reads every second).
     assert!(status["step"].as_u64().unwrap_or(0) > 0, "{status}");
@@ -547,6 +522,5 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         "--wait",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
-    sim.stop().await;
-    cluster.stop();
+    bed.stop().await;
 }

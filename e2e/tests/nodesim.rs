@@ -3,13 +3,15 @@
 //! the simulator runs them as processes with resolved env, pod DNS, a CPU
 //! quota of node speed × CPU limit, kubelet-like status, and graceful deletion.
 
-use std::time::{Duration, Instant};
+mod support;
 
-use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
-use heterotrain_e2e::{ClusterOptions, LocalCluster};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use std::time::Duration;
+
+use heterotrain_e2e::system::SystemOptions;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
+use support::*;
 
 /// Handles SIGTERM; prints its CPU quota (µs per period) every 100 ms.
 const QUOTA_LOOP: &str = r#"trap 'echo got-term; exit 0' TERM
@@ -20,20 +22,23 @@ f=/sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us
 while true; do echo "q=$(cat $f)"; sleep 0.1; done"#;
 
 async fn wait_pod<F: Fn(&Pod) -> bool>(api: &Api<Pod>, name: &str, what: &str, f: F) -> Pod {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(Some(p)) = api.get_opt(name).await {
-            if f(&p) {
-                return p;
-            }
-            if Instant::now() > deadline {
-                panic!("pod {name}: timed out waiting for {what}: {:?}", p.status);
-            }
-        } else if Instant::now() > deadline {
-            panic!("pod {name}: gone while waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (f, what) = (&f, format!("pod {name} {what}"));
+    wait_for(&what, Duration::from_secs(60), || async move {
+        api.get_opt(name).await.ok().flatten().filter(f)
+    })
+    .await
+}
+
+/// The latest CPU quota `sleeper` printed is `q` (cgroup v2 adds the period).
+async fn wait_quota(log_path: &std::path::Path, q: &str) {
+    let what = format!("{q:?} in {}", log_path.display());
+    wait_for(&what, Duration::from_secs(20), || async move {
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
+        let last = log.lines().rev().find(|l| l.starts_with("q="));
+        last.is_some_and(|l| l == q || l.starts_with(&format!("{q} ")))
+            .then_some(())
+    })
+    .await
 }
 
 fn phase(p: &Pod) -> String {
@@ -45,25 +50,16 @@ fn phase(p: &Pod) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_pods_like_a_kubelet() {
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: "nodesim-test".into(),
-        ..Default::default()
+    let mut bed = test_bed(SystemOptions {
+        prometheus: true,
+        ..SystemOptions::bare(
+            "nodesim-test",
+            nodes("nodes:\n- {name: fast, speed: 1.0, cpu: '2'}\n- {name: slow, speed: 0.25, cpu: '2', gpus: 1, gpuProduct: NVIDIA-T4}\n"),
+        )
     })
-    .await
-    .expect("start control plane");
-    let client = cluster.client().await.unwrap();
-    let nodes = NodesFile::parse(
-        "nodes:\n- {name: fast, speed: 1.0, cpu: '2'}\n- {name: slow, speed: 0.25, cpu: '2', gpus: 1, gpuProduct: NVIDIA-T4}\n",
-    )
-    .unwrap();
-    let sim = NodeSimulator::start(
-        client.clone(),
-        nodes,
-        cluster.state_dir(),
-        cluster.kubeconfig_renderer(),
-    )
-    .await
-    .expect("start node simulator");
+    .await;
+    let client = bed.client().await.unwrap();
+    let sim = &bed.sim;
 
     // Nodes are registered, Ready, labelled and untainted.
     let node_api: Api<Node> = Api::all(client.clone());
@@ -85,14 +81,7 @@ async fn runs_pods_like_a_kubelet() {
         .is_empty());
 
     let ns = "nodesim";
-    let ns_api: Api<Namespace> = Api::all(client.clone());
-    ns_api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_namespace(&client, ns).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     cms.create(
         &PostParams::default(),
@@ -106,17 +95,16 @@ async fn runs_pods_like_a_kubelet() {
     // The default ServiceAccount and its token secret (which 1.20's admission
     // requires before pods) appear shortly.
     let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sas
-        .get_opt("default")
-        .await
-        .unwrap()
-        .and_then(|sa| sa.secrets)
-        .is_none_or(|s| s.is_empty())
-    {
-        assert!(Instant::now() < deadline, "no default serviceaccount");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let sas = &sas;
+    wait_for(
+        "the default serviceaccount",
+        Duration::from_secs(30),
+        || async move {
+            let sa = sas.get_opt("default").await.unwrap();
+            sa.and_then(|sa| sa.secrets).filter(|s| !s.is_empty())
+        },
+    )
+    .await;
 
     heterotrain_e2e::volumes::create_claim(&client, sim.state_dir(), ns, "ckpt")
         .await
@@ -223,49 +211,35 @@ exit 3"#;
     .await
     .unwrap();
     wait_pod(&pods, "sleeper", "Running", |p| phase(p) == "Running").await;
-    let sleeper_log = || {
-        std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
-            sim.state_dir(),
-            ns,
-            "sleeper",
-        ))
-        .unwrap_or_default()
-    };
-    let wait_log = |what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let log = sleeper_log();
-            // The latest quota printed (cgroup v2 adds the period).
-            let last = log.lines().rev().find(|l| l.starts_with("q="));
-            if last.is_some_and(|l| l == what || l.starts_with(&format!("{what} "))) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "no {what:?} in: {log}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let sleeper_log = heterotrain_e2e::nodesim::log_path(sim.state_dir(), ns, "sleeper");
     // Speed 1.0 × 1 CPU: the whole 10 ms period.
-    wait_log("q=10000");
+    wait_quota(&sleeper_log, "q=10000").await;
     // A node slowed at run time: the running pod's quota follows.
     assert_eq!(sim.speed("fast"), Some(1.0));
     assert_eq!(sim.set_speed("fast", 0.4).expect("set speed"), 1);
     assert_eq!(sim.speed("fast"), Some(0.4));
-    wait_log("q=4000");
+    wait_quota(&sleeper_log, "q=4000").await;
     assert!(sim.set_speed("nowhere", 0.5).is_err());
     assert!(sim.set_speed("fast", 0.0).is_err());
     assert_eq!(sim.set_speed("fast", 1.0).expect("restore speed"), 1);
-    wait_log("q=10000");
+    wait_quota(&sleeper_log, "q=10000").await;
     pods.delete("sleeper", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pods.get_opt("sleeper").await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "pod not removed after graceful delete"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let pods_ref = &pods;
+    wait_for(
+        "the pod removed after graceful delete",
+        Duration::from_secs(20),
+        || async move {
+            pods_ref
+                .get_opt("sleeper")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
     let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
         sim.state_dir(),
         ns,
@@ -275,12 +249,7 @@ exit 3"#;
     assert!(log.contains("got-term"), "SIGTERM not delivered: {log}");
 
     // Pods' `metrics` ports become Prometheus targets with the PodMonitor's labels.
-    let mut prom = heterotrain_e2e::prometheus::Prometheus::start(
-        &cluster.state_dir().join("prometheus"),
-        Duration::from_secs(1),
-    )
-    .expect("start prometheus");
-    sim.export_prometheus_targets(&heterotrain_e2e::prometheus::targets_file(prom.dir()));
+    let prom = bed.prometheus.as_ref().expect("the bed's prometheus");
     let pod = json!({
         "metadata": {"name": "exporter", "labels": {"heterotrain.dev/job": "j", "heterotrain.dev/rank": "0", "heterotrain.dev/group": "g"}},
         "spec": {
@@ -297,26 +266,17 @@ exit 3"#;
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let v = wait_for("prometheus to scrape the pod", Duration::from_secs(60), || async move {
         let r = prom.query(r#"heterotrain_test_value{job_name="j",rank="0",group="g",namespace="nodesim",pod="exporter"}"#).unwrap();
-        if let Some(v) = r.first() {
-            assert_eq!(v["value"][1], "42", "{v}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "prometheus never scraped the pod"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    prom.stop();
+        r.first().cloned()
+    })
+    .await;
+    assert_eq!(v["value"][1], "42", "{v}");
 
-    sim.stop().await;
+    bed.stop().await;
     let hosts = std::fs::read_to_string("/etc/hosts").unwrap();
     assert!(
         !hosts.contains("probe-0.probe.nodesim.svc"),
         "stale /etc/hosts entry"
     );
-    cluster.stop();
 }

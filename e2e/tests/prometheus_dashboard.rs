@@ -16,9 +16,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
-use heterotrain_e2e::prometheus::{self, Prometheus};
-use heterotrain_e2e::{ClusterOptions, LocalCluster};
+use heterotrain_e2e::prometheus::Prometheus;
+use heterotrain_e2e::system::SystemOptions;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -39,31 +38,16 @@ fn query(prom: &Prometheus, expr: &str) -> Result<Vec<serde_json::Value>, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
-    let cluster = LocalCluster::start(ClusterOptions {
-        name: "prometheus-dashboard".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane (run `make setup`)");
-    let client = cluster.client().await.unwrap();
-    let nodes = NodesFile::parse(
-        "nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.35, cpu: '1'}\n",
-    )
-    .unwrap();
-    let sim = NodeSimulator::start(
-        client.clone(),
-        nodes,
-        cluster.state_dir(),
-        cluster.kubeconfig_renderer(),
-    )
-    .await
-    .expect("start node simulator");
-    let prom = Prometheus::start(
-        &cluster.state_dir().join("prometheus"),
-        Duration::from_secs(1),
-    )
-    .expect("start prometheus (run `make setup`)");
-    sim.export_prometheus_targets(&prometheus::targets_file(prom.dir()));
+    let mut bed = test_bed(SystemOptions {
+        prometheus: true,
+        ..SystemOptions::bare(
+        "prometheus-dashboard",
+        nodes("nodes:\n- {name: ops, cpu: '2'}\n- {name: fast, speed: 1.0, cpu: '1'}\n- {name: slow, speed: 0.35, cpu: '1'}\n"),
+    )})
+    .await;
+    let client = bed.client().await.unwrap();
+    let (cluster, sim) = (&bed.cluster, &bed.sim);
+    let prom = bed.prometheus.as_ref().expect("the bed's prometheus");
     create_namespace(&client, NS).await;
 
     let chart = chart_dir();
@@ -147,7 +131,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
                 assert!(
                     st["phase"] != "Failed" && st["phase"] != "Succeeded",
                     "job ended before the operator read it from Prometheus: {st}\n{}",
-                    dump_namespaces(&client, &sim, &[SYSTEM_NS, NS]).await
+                    dump_namespaces(&client, sim, &[SYSTEM_NS, NS]).await
                 );
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -163,7 +147,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
                 .ok()
                 .flatten()
                 .map(|j| j.data["status"].clone()),
-            dump_namespaces(&client, &sim, &[SYSTEM_NS, NS]).await
+            dump_namespaces(&client, sim, &[SYSTEM_NS, NS]).await
         ),
     };
     // Any plan it wrote is valid.
@@ -188,7 +172,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
         let (expr, label) = label_values_query(q).expect("label_values");
         let expr = substitute(&expr, NS, JOB, RATE_INTERVAL);
         let want = if label == "namespace" { NS } else { JOB };
-        let got: Vec<String> = query(&prom, &expr)
+        let got: Vec<String> = query(prom, &expr)
             .unwrap()
             .iter()
             .filter_map(|s| s["metric"][&label].as_str().map(str::to_string))
@@ -203,7 +187,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
     // Every panel's every query returns data.
     let has = |pattern: &str| {
         !query(
-            &prom,
+            prom,
             &format!("count({{__name__=~\"{pattern}\",namespace=\"{NS}\",job_name=\"{JOB}\"}})"),
         )
         .unwrap_or_default()
@@ -221,7 +205,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
         }
         for e in &p.exprs {
             let expr = substitute(e, NS, JOB, RATE_INTERVAL);
-            match query(&prom, &expr) {
+            match query(prom, &expr) {
                 Ok(r) if !r.is_empty() => checked += 1,
                 Ok(_) => empty.push(format!("{}: {expr}", p.title)),
                 Err(err) => empty.push(format!("{}: {expr}: {err}", p.title)),
@@ -276,7 +260,5 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
     {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    sim.stop().await;
-    drop(prom);
-    cluster.stop();
+    bed.stop().await;
 }

@@ -135,15 +135,12 @@ async fn end_to_end() {
         n.labels.insert("pool".into(), "pair".into());
     }
     let mut system = System::start(SystemOptions {
-        name: "e2e".into(),
-        nodes,
         operator_args: vec![
             "--scrape-interval=1".into(),
             "--rebalance-interval=3".into(),
         ],
-        prometheus: false,
-        state_dir: None,
         verbose: true,
+        ..SystemOptions::new("e2e", nodes)
     })
     .await
     .expect("start the system");

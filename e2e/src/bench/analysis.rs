@@ -18,7 +18,18 @@ pub struct StepRec {
     pub global_batch_size: u32,
     #[serde(default)]
     pub global_loss: f64,
+    /// Local work: data, forward, backward and the optimizer update.
     pub compute_seconds: f64,
+    /// Time blocked in gradient all-reduce after backward: the exposed
+    /// (not overlapped) communication.
+    #[serde(default)]
+    pub allreduce_seconds: f64,
+    /// The optimizer update (part of `compute_seconds`).
+    #[serde(default)]
+    pub optimizer_seconds: f64,
+    /// Parameter elements this rank's optimizer updated (its shard).
+    #[serde(default)]
+    pub optimizer_elements: i64,
     pub step_seconds: f64,
     pub unix_seconds: f64,
 }
@@ -89,6 +100,9 @@ pub struct ClusterStep {
     /// Per rank, in rank order.
     pub batches: Vec<u32>,
     pub compute_seconds: Vec<f64>,
+    pub allreduce_seconds: Vec<f64>,
+    pub optimizer_seconds: Vec<f64>,
+    pub optimizer_elements: Vec<i64>,
     pub loss: f64,
 }
 
@@ -145,6 +159,9 @@ pub fn cluster_steps(ranks: &[Vec<StepRec>]) -> Vec<ClusterStep> {
             generation: recs.iter().map(|r| r.generation).max().unwrap_or(0),
             batches: recs.iter().map(|r| r.batch_size).collect(),
             compute_seconds: recs.iter().map(|r| r.compute_seconds).collect(),
+            allreduce_seconds: recs.iter().map(|r| r.allreduce_seconds).collect(),
+            optimizer_seconds: recs.iter().map(|r| r.optimizer_seconds).collect(),
+            optimizer_elements: recs.iter().map(|r| r.optimizer_elements).collect(),
             loss: s0.global_loss,
         });
     }
@@ -160,6 +177,36 @@ pub fn rate_over(steps: &[ClusterStep]) -> f64 {
     } else {
         0.0
     }
+}
+
+/// Samples/s of each of several runs that trained at the same time, over
+/// the steady part (last `STEADY_FRACTION`) of the window in which all of
+/// them were stepping; a run with fewer than 3 steps in that window is
+/// measured over its own steady state.
+pub fn overlap_rates(runs: &[Vec<ClusterStep>]) -> Vec<f64> {
+    let from = runs
+        .iter()
+        .filter_map(|r| r.first().map(|s| s.start))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let to = runs
+        .iter()
+        .filter_map(|r| r.last().map(|s| s.end))
+        .fold(f64::INFINITY, f64::min);
+    runs.iter()
+        .map(|r| {
+            let inside: Vec<ClusterStep> = r
+                .iter()
+                .filter(|s| s.start >= from && s.end <= to)
+                .cloned()
+                .collect();
+            let steady = tail(&inside, STEADY_FRACTION);
+            if steady.len() >= 3 {
+                rate_over(steady)
+            } else {
+                rate_over(tail(r, STEADY_FRACTION))
+            }
+        })
+        .collect()
 }
 
 /// The steady-state part of a run: its last `fraction` of steps.
@@ -281,96 +328,6 @@ pub fn recovery(steps: &[ClusterStep], t1: f64, t2: f64, throttled_ideal: f64) -
     }
 }
 
-/// Seconds from each plan's write (operator log) to the start of the first
-/// step every rank ran on it. `patches`: (generation, Unix time written).
-pub fn propagation_latencies(ranks: &[Vec<StepRec>], patches: &[(u64, f64)]) -> Vec<f64> {
-    let mut out = Vec::new();
-    for &(gen, at) in patches {
-        let starts: Vec<Option<f64>> = ranks
-            .iter()
-            .map(|r| r.iter().find(|s| s.generation >= gen).map(|s| s.start()))
-            .collect();
-        if ranks.is_empty() || starts.iter().any(|s| s.is_none()) {
-            continue;
-        }
-        let last = starts.into_iter().flatten().fold(0.0, f64::max);
-        if last >= at {
-            out.push(last - at);
-        }
-    }
-    out
-}
-
-/// Plan writes for `job` in the operator's log: (generation, Unix time).
-/// Lines look like `2026-11-22T23:40:01.123456Z  INFO …: plan generation 3:
-/// batches [..]; … job=<name>` (ANSI colour codes allowed).
-pub fn plan_writes(operator_log: &str, job: &str) -> Vec<(u64, f64)> {
-    let mut out = Vec::new();
-    for raw in operator_log.lines() {
-        let line = strip_ansi(raw);
-        let names_job = line.split_whitespace().any(|w| {
-            w.strip_prefix("job=")
-                .map(|v| v.trim_matches('"').trim_end_matches([',', '}']) == job)
-                .unwrap_or(false)
-        });
-        if !names_job {
-            continue;
-        }
-        let Some(rest) = line.split("plan generation ").nth(1) else {
-            continue;
-        };
-        let Some(gen) = rest.split(':').next().and_then(|g| g.trim().parse().ok()) else {
-            continue;
-        };
-        let Some(t) = line.split_whitespace().next().and_then(parse_rfc3339) else {
-            continue;
-        };
-        out.push((gen, t));
-    }
-    out
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// `YYYY-MM-DDTHH:MM:SS(.frac)Z` → Unix seconds (UTC only).
-pub fn parse_rfc3339(s: &str) -> Option<f64> {
-    let s = s.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':');
-    let h: i64 = t.next()?.parse().ok()?;
-    let mi: i64 = t.next()?.parse().ok()?;
-    let sec: f64 = t.next()?.parse().ok()?;
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 {
-        return None;
-    }
-    // Days from the civil date (proleptic Gregorian).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + da - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + h * 3600 + mi * 60) as f64 + sec)
-}
-
 /// p-quantile (0..=1) of `xs` by nearest rank; None when empty.
 pub fn quantile(xs: &[f64], p: f64) -> Option<f64> {
     if xs.is_empty() {
@@ -383,139 +340,5 @@ pub fn quantile(xs: &[f64], p: f64) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(rank: usize, step: u64, gen: u64, b: u32, compute: f64, secs: f64, end: f64) -> StepRec {
-        StepRec {
-            rank,
-            step,
-            generation: gen,
-            batch_size: b,
-            global_batch_size: 64,
-            global_loss: 1.0 / step as f64,
-            compute_seconds: compute,
-            step_seconds: secs,
-            unix_seconds: end,
-        }
-    }
-
-    /// Two ranks; the first 10 steps take 1 s (equal split, rank 1 slow),
-    /// then a new plan makes steps take 0.5 s.
-    fn run() -> Vec<Vec<StepRec>> {
-        let mut r0 = Vec::new();
-        let mut r1 = Vec::new();
-        let mut t = 1000.0;
-        for step in 1..=30u64 {
-            let (gen, secs, b0, c0, c1) = if step <= 10 {
-                (0, 1.0, 32, 0.3, 0.9)
-            } else {
-                (1, 0.5, 48, 0.45, 0.45)
-            };
-            t += secs;
-            r0.push(rec(0, step, gen, b0, c0, secs, t));
-            r1.push(rec(1, step, gen, 64 - b0, c1, secs, t));
-        }
-        vec![r0, r1]
-    }
-
-    #[test]
-    fn parses_logs_skipping_noise_and_keeping_restarted_steps_once() {
-        let text = concat!(
-            r#"{"event":"step","rank":0,"step":1,"generation":0,"batch_size":32,"global_batch_size":64,"loss":1,"global_loss":2.0,"lr":0.1,"compute_seconds":0.1,"step_seconds":0.2,"unix_seconds":10.0}"#,
-            "\nnot json\n",
-            r#"{"event":"profile","x":1}"#,
-            "\n",
-            r#"{"event":"step","rank":0,"step":1,"generation":1,"batch_size":40,"global_batch_size":64,"global_loss":1.5,"compute_seconds":0.1,"step_seconds":0.2,"unix_seconds":20.0}"#,
-            "\n",
-            r#"{"event":"eval","rank":0,"step":1,"epoch":0,"eval_loss":0.5,"eval_accuracy":0.75,"eval_samples":10}"#,
-        );
-        let (steps, evals) = parse_rank_log(text);
-        assert_eq!(steps.len(), 1);
-        assert_eq!(steps[0].batch_size, 40, "the later record of a step wins");
-        assert_eq!(
-            evals,
-            vec![EvalRec {
-                step: 1,
-                eval_loss: 0.5,
-                eval_accuracy: 0.75
-            }]
-        );
-    }
-
-    #[test]
-    fn summary_measures_steady_rate_convergence_and_balance() {
-        let steps = cluster_steps(&run());
-        assert_eq!(steps.len(), 30);
-        let s = summarise(&steps, &[]);
-        // Steady state = steps 16..=30, 0.5 s each → 128 samples/s.
-        assert!((s.samples_per_second - 128.0).abs() < 1e-9, "{s:?}");
-        // Rolling 10-step rate first ≥ 0.95 × 128 when the window holds ≤ 0 slow steps
-        // beyond what 121.6 allows: window rate = 640 / (k·1 + (10−k)·0.5) ≥ 121.6 → k = 0.
-        assert_eq!(s.steps_to_95, Some(20));
-        assert_eq!(s.plan_changes, 1);
-        assert_eq!(s.final_plan, vec![48, 16]);
-        assert!(s.balance_cv_percent.abs() < 1e-9);
-        let early = summarise(&steps[..10], &[]);
-        // CV of (0.3, 0.9): sd 0.3 / mean 0.6 = 50%.
-        assert!((early.balance_cv_percent - 50.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn recovery_splits_phases_and_times_the_return() {
-        let steps = cluster_steps(&run());
-        // "Throttle" at the end of step 5 (t = 1005), restore at t = 1012.5
-        // (end of step 15). Throttled-phase steps: 6..=15.
-        let r = recovery(&steps, 1005.0, 1012.5, 120.0);
-        assert!((r.before_samples_per_second - 64.0).abs() < 1e-9);
-        assert!((r.throttled_samples_per_second - 128.0).abs() < 1e-9);
-        assert!((r.restored_samples_per_second - 128.0).abs() < 1e-9);
-        // Rolling 10 over steps 6..=15 (5 × 1 s + 5 × 0.5 s): 640 / 7.5 = 85 < 114.
-        assert_eq!(r.seconds_to_ideal_95, None);
-        assert_eq!(r.plan_changes_throttled, 1);
-        // A lower ideal is reached once the window is all fast steps... the
-        // window is the whole phase here, so reached at its last step.
-        let low = recovery(&steps, 1005.0, 1012.5, 80.0);
-        assert_eq!(low.seconds_to_ideal_95, Some(7.5));
-    }
-
-    #[test]
-    fn propagation_latency_is_write_to_first_step_of_all_ranks() {
-        let mut ranks = run();
-        // Rank 1 only switched one step later.
-        ranks[1][10].generation = 0;
-        // Step 11 starts at 1010.0 on rank 0 and step 12 at 1010.5 on rank 1.
-        let l = propagation_latencies(&ranks, &[(1, 1009.8), (2, 1020.0)]);
-        assert_eq!(l.len(), 1, "generation 2 was never run");
-        assert!((l[0] - 0.7).abs() < 1e-9, "{l:?}");
-    }
-
-    #[test]
-    fn operator_log_plan_writes() {
-        let log = "2026-11-22T23:40:01.500000Z  INFO heterotrain_operator::rebalance: plan generation 3: batches [40, 24]; predicted gain 12.0%; x job=bench-a\n\
-                   \x1b[2m2026-11-22T23:40:02.000000Z\x1b[0m \x1b[32m INFO\x1b[0m plan generation 4: batches [1]; job=other\n\
-                   2026-11-22T23:40:03Z INFO something else job=bench-a\n";
-        let w = plan_writes(log, "bench-a");
-        assert_eq!(w.len(), 1);
-        assert_eq!(w[0].0, 3);
-        assert!((w[0].1 - parse_rfc3339("2026-11-22T23:40:01.5Z").unwrap()).abs() < 1e-6);
-        assert!(
-            plan_writes(log, "bench").is_empty(),
-            "a prefix is not the job"
-        );
-        let coloured = plan_writes(log, "other");
-        assert_eq!(coloured.len(), 1);
-        assert_eq!(parse_rfc3339("1970-01-02T00:00:01Z"), Some(86_401.0));
-        assert_eq!(parse_rfc3339("2000-03-01T00:00:00Z"), Some(951_868_800.0));
-        assert_eq!(parse_rfc3339("2000-13-01T00:00:00Z"), None);
-    }
-
-    #[test]
-    fn quantiles_and_cv() {
-        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&xs, 0.5), Some(50.0));
-        assert_eq!(quantile(&xs, 0.99), Some(99.0));
-        assert_eq!(quantile(&[], 0.5), None);
-        assert_eq!(cv(&[1.0, 1.0]), 0.0);
-    }
-}
+#[path = "tests/analysis.rs"]
+mod tests;

@@ -4,14 +4,23 @@
 //! scale; results as JSON, CSV, a markdown table and PNG plots.
 
 pub mod analysis;
+pub mod chart;
+pub mod ddp;
+pub mod ideal;
 pub mod plots;
+pub mod propagation;
 pub mod report;
 pub mod runner;
 pub mod scale;
+pub mod session;
+pub mod spec;
+pub mod split;
+pub mod targets;
 
 use serde::{Deserialize, Serialize};
 
 use analysis::{Recovery, RunSummary};
+pub use split::{Paired, Spread};
 
 /// A node of a scenario: its name in the bench cluster and its speed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -165,7 +174,10 @@ pub fn model_runs(scale: f64) -> Vec<ModelRun> {
     ]
 }
 
-/// One rank alone on its node: the ideal's building block.
+/// One rank without communication on its node: the ideals' building
+/// block. Alone one after another (the sequential ideal), or every rank of
+/// the scenario at the same time (`together`: the concurrent ideal, under
+/// the same CPU contention as a cluster run).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Standalone {
     pub model: String,
@@ -173,6 +185,11 @@ pub struct Standalone {
     pub speed: f64,
     pub batch: u32,
     pub samples_per_second: f64,
+    #[serde(default)]
+    pub together: bool,
+    /// Round of the scenario's interleaved runs (concurrent ideal only).
+    #[serde(default)]
+    pub round: u32,
 }
 
 /// Per-step series of a run, for plots (times relative to the first step).
@@ -180,9 +197,21 @@ pub struct Standalone {
 pub struct Series {
     /// End of each step, seconds since the first step started.
     pub t: Vec<f64>,
+    /// Step number of each step.
+    #[serde(default)]
+    pub step: Vec<u64>,
+    /// Wall time of each step (slowest rank).
+    #[serde(default)]
+    pub step_seconds: Vec<f64>,
     /// Per rank, per step.
     pub batches: Vec<Vec<u32>>,
+    /// Local work, optimizer update included.
     pub compute_seconds: Vec<Vec<f64>>,
+    /// Exposed communication: time blocked in the all-reduce.
+    #[serde(default)]
+    pub allreduce_seconds: Vec<Vec<f64>>,
+    #[serde(default)]
+    pub optimizer_seconds: Vec<Vec<f64>>,
     /// 10-step rolling samples/s (0 until 10 steps).
     pub rolling_rate: Vec<f64>,
 }
@@ -196,11 +225,26 @@ pub struct RunResult {
     pub nodes: Vec<String>,
     pub speeds: Vec<f64>,
     pub global_batch: u32,
+    /// Round of the scenario's interleaved runs (0 for the first).
+    #[serde(default)]
+    pub round: u32,
     pub summary: RunSummary,
-    /// Σ standalone samples/s of the ranks.
+    /// Σ standalone samples/s of the ranks, each alone in turn.
     pub ideal: f64,
+    /// samples/s over `ideal`.
     pub efficiency: f64,
+    /// Σ samples/s of the ranks training alone but all at the same time
+    /// (this round's measurement).
+    #[serde(default)]
+    pub ideal_concurrent: Option<f64>,
+    /// samples/s over `ideal_concurrent`.
+    #[serde(default)]
+    pub efficiency_concurrent: Option<f64>,
+    /// Against static in the same round.
     pub speedup_vs_static: Option<f64>,
+    /// Parameter elements each rank's optimizer updated at the last step.
+    #[serde(default)]
+    pub optimizer_elements: Vec<i64>,
     pub recovery: Option<Recovery>,
     /// Throttle and restore times, seconds since the first step.
     pub throttle_window: Option<(f64, f64)>,
@@ -257,6 +301,9 @@ pub struct Results {
     pub settings: serde_json::Value,
     pub standalone: Vec<Standalone>,
     pub runs: Vec<RunResult>,
+    /// Paired ratios of the interleaved runs, per model and scenario.
+    #[serde(default)]
+    pub paired: Vec<Paired>,
     pub propagation_p50_seconds: Option<f64>,
     pub propagation_max_seconds: Option<f64>,
     pub propagation_samples: usize,
@@ -300,34 +347,5 @@ pub fn ideal_split(global: u32, speeds: &[f64]) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ideal_split_is_proportional_and_sums_to_the_global_batch() {
-        assert_eq!(ideal_split(128, &[1.0, 0.33]), vec![96, 32]);
-        let b = ideal_split(128, &[1.0, 0.7, 0.4, 0.25]);
-        assert_eq!(b.iter().sum::<u32>(), 128);
-        assert!(b.windows(2).all(|w| w[0] >= w[1]), "{b:?}");
-        assert_eq!(ideal_split(64, &[1.0, 1.0]), vec![32, 32]);
-        assert_eq!(ideal_split(3, &[1.0, 0.001, 0.001]), vec![1, 1, 1]);
-    }
-
-    #[test]
-    fn scenarios_use_distinct_nodes_except_the_throttle_reuse() {
-        let sc = scenarios();
-        assert_eq!(sc.len(), 4);
-        let t = sc.iter().find(|s| s.throttle.is_some()).unwrap();
-        let two = sc.iter().find(|s| s.name == "two-node").unwrap();
-        assert_eq!(t.nodes, two.nodes);
-        let mut all: Vec<&str> = sc
-            .iter()
-            .filter(|s| s.throttle.is_none())
-            .flat_map(|s| s.nodes.iter().map(|n| n.name.as_str()))
-            .collect();
-        let n = all.len();
-        all.sort();
-        all.dedup();
-        assert_eq!(all.len(), n);
-    }
-}
+#[path = "tests/mod.rs"]
+mod tests;

@@ -1,166 +1,19 @@
-//! PNG plots of a bench's results (plotters, bitmap backend). Text needs a
-//! TrueType font: DejaVu Sans is looked up in the usual places (Debian's
-//! `fonts-dejavu-core`, installed by `make setup`), or `HETEROTRAIN_FONT`.
+//! PNG plots of a bench's results: throughput per policy with both ideals,
+//! per-rank batches (a staircase) and compute times, each rank's time split
+//! per step, and the throttle scenario's recovery against steps.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 
+use super::chart::{
+    category_label, err, init_font, legend, line_chart, palette, stacked_bars, LineChart,
+    StackedBars, H, W,
+};
 use super::{Results, RunResult};
 
-const W: u32 = 1000;
-const H: u32 = 560;
-
-/// Register a font for the charts' text; errors when none is found.
-pub fn init_font() -> Result<()> {
-    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| {
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Some(p) = std::env::var_os("HETEROTRAIN_FONT") {
-            candidates.push(p.into());
-        }
-        for p in [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/TTF/DejaVuSans.ttf",
-            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        ] {
-            candidates.push(p.into());
-        }
-        for c in candidates {
-            if let Ok(bytes) = std::fs::read(&c) {
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                    return Ok(());
-                }
-            }
-        }
-        Err("no TrueType font found (install fonts-dejavu-core or set HETEROTRAIN_FONT)".into())
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
-}
-
-fn palette(i: usize) -> RGBColor {
-    const C: [RGBColor; 8] = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(127, 127, 127),
-    ];
-    C[i % C.len()]
-}
-
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
-    anyhow!("plotting: {e}")
-}
-
-/// A line chart: named series of (x, y), horizontal reference lines, and
-/// an optional shaded x range.
-pub struct LineChart<'a> {
-    pub title: String,
-    pub x_label: &'a str,
-    pub y_label: &'a str,
-    pub series: Vec<(String, Vec<(f64, f64)>)>,
-    pub hlines: Vec<(String, f64)>,
-    pub shade: Option<(f64, f64)>,
-}
-
-/// Draw `c` into `path`.
-pub fn line_chart(path: &Path, c: &LineChart) -> Result<()> {
-    let xs = c.series.iter().flat_map(|s| s.1.iter().map(|p| p.0));
-    let ys = c
-        .series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.1))
-        .chain(c.hlines.iter().map(|h| h.1));
-    let x_max = xs.fold(0.0f64, f64::max).max(1e-6);
-    let y_max = ys
-        .filter(|y| y.is_finite())
-        .fold(0.0f64, f64::max)
-        .max(1e-6)
-        * 1.1;
-    if c.series.iter().all(|s| s.1.is_empty()) {
-        bail!("{}: nothing to plot", c.title);
-    }
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&c.title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc(c.x_label)
-        .y_desc(c.y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(err)?;
-    if let Some((a, b)) = c.shade {
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(a, 0.0), (b, y_max)],
-                RGBColor(230, 230, 230).filled(),
-            )))
-            .map_err(err)?
-            .label("throttled")
-            .legend(|(x, y)| {
-                Rectangle::new(
-                    [(x, y - 5), (x + 16, y + 5)],
-                    RGBColor(210, 210, 210).filled(),
-                )
-            });
-    }
-    for (i, (name, pts)) in c.series.iter().enumerate() {
-        let color = palette(i);
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
-    }
-    for (i, (name, y)) in c.hlines.iter().enumerate() {
-        let color = if c.hlines.len() == 1 {
-            BLACK
-        } else {
-            palette(i)
-        };
-        let y = *y;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(0.0, y), (x_max, y)],
-                8,
-                5,
-                color.stroke_width(1),
-            ))
-            .map_err(err)?
-            .label(name)
-            .legend(move |(x, yy)| PathElement::new(vec![(x, yy), (x + 16, yy)], color));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
-}
-
-/// Throughput per policy (bars) for each scenario, the ideal as a line.
+/// Throughput per policy (bars) for each scenario, both ideals as lines.
 pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result<()> {
     let mut scenarios: Vec<&str> = Vec::new();
     let mut policies: Vec<&str> = Vec::new();
@@ -177,7 +30,11 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
     }
     let y_max = runs
         .iter()
-        .map(|r| r.ideal.max(r.summary.samples_per_second))
+        .map(|r| {
+            r.ideal
+                .max(r.summary.samples_per_second)
+                .max(r.ideal_concurrent.unwrap_or(0.0))
+        })
         .fold(0.0f64, f64::max)
         * 1.15;
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
@@ -185,7 +42,7 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
     let n = scenarios.len() as f64;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{model}: steady-state samples/s per policy (dashed: ideal)"),
+            format!("{model}: steady-state samples/s (dashed: ideal seq, black; ideal conc, red)"),
             ("sans-serif", 20),
         )
         .margin(12)
@@ -198,14 +55,7 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(scenarios.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 && i < names.len() {
-                names[i].to_string()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| category_label(names.as_slice(), *x))
         .y_desc("samples/s")
         .label_style(("sans-serif", 14))
         .draw()
@@ -234,24 +84,21 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
     for (i, sc) in scenarios.iter().enumerate() {
         if let Some(r) = runs.iter().find(|r| r.scenario == *sc) {
             let x = i as f64;
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(x + 0.05, r.ideal), (x + 0.95, r.ideal)],
-                    8,
-                    4,
-                    BLACK.stroke_width(2),
-                ))
-                .map_err(err)?;
+            let lines = [(Some(r.ideal), BLACK), (r.ideal_concurrent, RED)];
+            for (y, color) in lines {
+                let Some(y) = y else { continue };
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        vec![(x + 0.05, y), (x + 0.95, y)],
+                        8,
+                        4,
+                        color.stroke_width(2),
+                    ))
+                    .map_err(err)?;
+            }
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -279,6 +126,65 @@ fn per_rank<T: Copy + Into<f64>>(
         .collect()
 }
 
+/// Step numbers of a run's series (older results: 1, 2, ...).
+fn steps_of(x: &RunResult) -> Vec<f64> {
+    if x.series.step.len() == x.series.t.len() {
+        x.series.step.iter().map(|s| *s as f64).collect()
+    } else {
+        (1..=x.series.t.len()).map(|s| s as f64).collect()
+    }
+}
+
+/// The steps a run spent throttled: from the first step that ended after
+/// the throttle to the last that ended before the restore.
+fn throttled_steps(x: &RunResult) -> Option<(f64, f64)> {
+    let (a, b) = x.throttle_window?;
+    let steps = steps_of(x);
+    let first = x.series.t.iter().position(|t| *t > a)?;
+    let last = x.series.t.iter().rposition(|t| *t <= b)?;
+    Some((steps[first], steps[last.max(first)]))
+}
+
+/// Per-rank compute, exposed communication and optimizer time per step,
+/// for static and dynamic (first round) of one scenario.
+fn time_split_chart(path: &Path, model: &str, scenario: &str, runs: &[&RunResult]) -> Result<bool> {
+    let mut bars = Vec::new();
+    for x in runs
+        .iter()
+        .filter(|x| x.scenario == scenario && x.round == 0)
+    {
+        if x.policy != "static" && x.policy != "dynamic" {
+            continue;
+        }
+        for k in super::split::rank_splits(x) {
+            bars.push((
+                format!("{} r{} (b {})", x.policy, k.rank, k.batch),
+                vec![k.compute_ms, k.comm_ms, k.optimizer_ms, k.other_ms],
+            ));
+        }
+    }
+    if bars.is_empty() {
+        return Ok(false);
+    }
+    stacked_bars(
+        path,
+        &StackedBars {
+            title: format!("{model}, {scenario}: time per step and rank, steady state"),
+            y_label: "ms per step",
+            parts: [
+                "compute",
+                "exposed communication",
+                "optimizer update",
+                "waiting / other",
+            ]
+            .map(String::from)
+            .to_vec(),
+            bars,
+        },
+    )?;
+    Ok(true)
+}
+
 /// All plots for `r` into `dir`; returns the files written.
 pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
     init_font()?;
@@ -287,10 +193,23 @@ pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
     let mut models: Vec<&str> = r.runs.iter().map(|x| x.model.as_str()).collect();
     models.dedup();
     for model in models {
-        let runs: Vec<&RunResult> = r.runs.iter().filter(|x| x.model == model).collect();
+        // The first round: one run per policy and scenario.
+        let runs: Vec<&RunResult> = r
+            .runs
+            .iter()
+            .filter(|x| x.model == model && x.round == 0)
+            .collect();
         let p = dir.join(format!("throughput-{model}.png"));
         throughput_chart(&p, model, &runs)?;
         out.push(p);
+        let mut scenarios: Vec<&str> = runs.iter().map(|x| x.scenario.as_str()).collect();
+        scenarios.dedup();
+        for sc in scenarios {
+            let p = dir.join(format!("time-split-{model}-{sc}.png"));
+            if time_split_chart(&p, model, sc, &runs)? {
+                out.push(p);
+            }
+        }
         for run in runs.iter().filter(|x| x.policy == "dynamic") {
             let shade = run.throttle_window;
             let p = dir.join(format!("batches-{model}-{}.png", run.scenario));
@@ -303,6 +222,7 @@ pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
                     series: per_rank(run, |s| &s.batches, 1.0),
                     hlines: vec![],
                     shade,
+                    staircase: true,
                 },
             )?;
             out.push(p);
@@ -319,6 +239,7 @@ pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
                     series: per_rank(run, |s| &s.compute_seconds, 1000.0),
                     hlines: vec![],
                     shade,
+                    staircase: false,
                 },
             )?;
             out.push(p);
@@ -330,6 +251,19 @@ pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
                 .as_ref()
                 .map(|x| x.throttled_ideal)
                 .unwrap_or(0.0);
+            // Every policy is throttled at the same step (the bench slows
+            // the node when rank 0 reaches it), so against steps one band
+            // holds every policy's throttled phase.
+            let bands: Vec<(f64, f64)> = throttled
+                .iter()
+                .filter_map(|x| throttled_steps(x))
+                .collect();
+            let shade = (!bands.is_empty()).then(|| {
+                (
+                    bands.iter().map(|b| b.0).fold(f64::INFINITY, f64::min),
+                    bands.iter().map(|b| b.1).fold(0.0, f64::max),
+                )
+            });
             let p = dir.join(format!("recovery-{model}.png"));
             line_chart(
                 &p,
@@ -337,75 +271,29 @@ pub fn write_all(dir: &Path, r: &Results) -> Result<Vec<PathBuf>> {
                     title: format!(
                         "{model}: throttle scenario, 10-step samples/s (dashed: ideal while throttled)"
                     ),
-                    x_label: "seconds",
+                    x_label: "step",
                     y_label: "samples/s",
                     series: throttled
                         .iter()
                         .map(|x| {
                             (
                                 x.policy.clone(),
-                                x.series
-                                    .t
-                                    .iter()
+                                steps_of(x)
+                                    .into_iter()
                                     .zip(&x.series.rolling_rate)
                                     .filter(|(_, r)| **r > 0.0)
-                                    .map(|(t, r)| (*t, *r))
+                                    .map(|(t, r)| (t, *r))
                                     .collect(),
                             )
                         })
                         .collect(),
                     hlines: vec![("ideal while throttled".into(), ideal)],
-                    shade: first.throttle_window,
+                    shade,
+                    staircase: false,
                 },
             )?;
             out.push(p);
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn draws_a_line_chart_png() {
-        if init_font().is_err() {
-            eprintln!("skipping: no font on this machine");
-            return;
-        }
-        let dir = std::env::temp_dir().join(format!("ht-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("x.png");
-        line_chart(
-            &p,
-            &LineChart {
-                title: "t".into(),
-                x_label: "s",
-                y_label: "y",
-                series: vec![("a".into(), vec![(0.0, 1.0), (1.0, 2.0)])],
-                hlines: vec![("ideal".into(), 2.5)],
-                shade: Some((0.2, 0.4)),
-            },
-        )
-        .unwrap();
-        let bytes = std::fs::read(&p).unwrap();
-        assert_eq!(&bytes[1..4], b"PNG");
-        let empty = line_chart(
-            &dir.join("y.png"),
-            &LineChart {
-                title: "t".into(),
-                x_label: "s",
-                y_label: "y",
-                series: vec![("a".into(), vec![])],
-                hlines: vec![],
-                shade: None,
-            },
-        );
-        assert!(
-            empty.is_err(),
-            "an empty chart is an error, not a blank image"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

@@ -1,10 +1,9 @@
-//! Runs one benchmark job on the bench cluster (jobs read the cached
-//! digits from a claim of the dataset's name): creates the
-//! HeteroTrainingJob, throttles a node mid-run when asked, waits for it to
-//! finish, collects the ranks' step logs and the operator's plan writes,
-//! and deletes it (with its pods) so the next run has the CPUs to itself.
+//! Runs benchmark jobs on the bench cluster, one at a time or several side
+//! by side: creates the HeteroTrainingJobs, throttles a node mid-run when
+//! asked, waits for them to finish, collects the ranks' step logs and the
+//! operator's plan writes, and deletes them (with their pods) so the next
+//! run has the CPUs to itself.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,12 +13,11 @@ use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
-use serde_json::json;
 
 use super::analysis::{self, EvalRec, StepRec};
-use super::{BenchNode, ModelRun};
-use crate::nodesim::{NodeConfig, NodesFile};
+use crate::nodesim::NodesFile;
 use crate::system::{System, SystemOptions};
+use crate::wait::eventually;
 
 /// The bench cluster: every scenario's nodes, the operator, one namespace.
 pub struct BenchCluster {
@@ -29,101 +27,6 @@ pub struct BenchCluster {
     /// Cores a pod on a speed-1.0 node gets (its CPU limit).
     pub core_unit: f64,
     pub verbose: bool,
-}
-
-/// Nodes for `nodes` (name, speed): CPU-only, room for a few pods each.
-pub fn nodes_file(nodes: &[BenchNode]) -> NodesFile {
-    let mut seen = BTreeMap::new();
-    for n in nodes {
-        seen.entry(n.name.clone()).or_insert(n.speed);
-    }
-    NodesFile {
-        nodes: seen
-            .into_iter()
-            .map(|(name, speed)| NodeConfig {
-                name,
-                labels: BTreeMap::new(),
-                speed,
-                cpu: "2".into(),
-                memory: "16Gi".into(),
-                gpus: 0,
-                gpu_product: None,
-                max_pods: 20,
-                run_processes: true,
-            })
-            .collect(),
-    }
-}
-
-/// A job's spec for the bench: one single-replica group per node, pinned
-/// to it, 1 thread and `core_unit` cores each.
-pub struct JobParams<'a> {
-    pub name: &'a str,
-    pub model: &'a ModelRun,
-    pub nodes: &'a [BenchNode],
-    pub policy: &'a str,
-    pub global_batch: u32,
-    pub steps: u64,
-    pub core_unit: f64,
-    pub profiling: bool,
-}
-
-/// Build the HeteroTrainingJob for `p`.
-pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
-    let (format, cached) = crate::datasets::for_model(&p.model.model)?;
-    if cached != p.model.dataset {
-        bail!(
-            "model {} reads {format} data, which dataset {} is not",
-            p.model.model,
-            p.model.dataset
-        );
-    }
-    let millis = ((p.core_unit * 1000.0).round() as u64).max(10);
-    let workers: Vec<serde_json::Value> = p
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            json!({
-                "name": format!("n{i}"),
-                "replicas": 1,
-                "device": "cpu",
-                "threads": 1,
-                "nodeSelector": {"kubernetes.io/hostname": n.name},
-                "resources": {
-                    "requests": {"cpu": "50m", "memory": "256Mi"},
-                    "limits": {"cpu": format!("{millis}m"), "memory": "2Gi"}
-                }
-            })
-        })
-        .collect();
-    // rebalanceIntervalSteps 10: at simple_cnn's 40–140 ms steps that is
-    // under the operator's 2 s --rebalance-interval, so the wall-clock floor
-    // sets the decision period the throttle target is stated in; resnet18's
-    // 0.5–0.8 s steps make it 5–8 s, a handful of decisions in 50 steps.
-    let v = json!({
-        "apiVersion": "heterotrain.dev/v1alpha1",
-        "kind": "HeteroTrainingJob",
-        "metadata": {"name": p.name, "labels": {"app.kubernetes.io/part-of": "heterotrain-bench"}},
-        "spec": {
-            "workers": workers,
-            "model": {"name": p.model.model},
-            "dataset": {"name": format, "claimName": p.model.dataset},
-            "training": {
-                "globalBatchSize": p.global_batch,
-                "maxSteps": p.steps,
-                "optimizer": "sgd",
-                "learningRate": p.model.learning_rate,
-                "momentum": "0.9",
-                "seed": 1
-            },
-            "loadBalancing": {"policy": p.policy, "rebalanceIntervalSteps": 10, "minGainPercent": 5},
-            "profiling": {"enabled": p.profiling},
-            "checkpoint": {"everySteps": 0},
-            "runPolicy": {"backoffLimit": 0}
-        }
-    });
-    serde_json::from_value(v).context("building the bench job")
 }
 
 /// A node slowing down while a job runs.
@@ -163,15 +66,12 @@ impl BenchCluster {
         verbose: bool,
     ) -> Result<BenchCluster> {
         let system = System::start(SystemOptions {
-            name: "bench".into(),
-            nodes,
             operator_args: vec![
                 "--scrape-interval=1".into(),
                 format!("--rebalance-interval={rebalance_interval}"),
             ],
-            prometheus: false,
-            state_dir: None,
             verbose,
+            ..SystemOptions::new("bench", nodes)
         })
         .await?;
         let client = system.client().await?;
@@ -215,6 +115,55 @@ impl BenchCluster {
         };
         self.delete(&name).await?;
         outcome
+    }
+
+    /// Train `jobs` at the same time, each to its end (no throttle).
+    pub async fn run_together(
+        &self,
+        jobs: Vec<HeteroTrainingJob>,
+        timeout: Duration,
+    ) -> Result<Vec<JobRun>> {
+        let api: Api<HeteroTrainingJob> = Api::namespaced(self.client.clone(), &self.namespace);
+        let t0 = Instant::now();
+        let mut created = Vec::new();
+        let mut failed = None;
+        for job in &jobs {
+            let name = job.metadata.name.clone().unwrap_or_default();
+            match api.create(&PostParams::default(), job).await {
+                Ok(_) => created.push((name, job.spec.world_size() as usize)),
+                Err(e) => {
+                    failed = Some(anyhow!(e).context(format!("creating job {name}")));
+                    break;
+                }
+            }
+        }
+        let followed = match failed {
+            Some(_) => Vec::new(),
+            None => {
+                let f = created
+                    .iter()
+                    .map(|(name, world)| self.follow(name, *world, None, timeout));
+                futures::future::join_all(f).await
+            }
+        };
+        let mut runs = Vec::new();
+        for ((name, world), times) in created.iter().zip(followed) {
+            let run = match times {
+                Ok(times) => self.collect(name, *world, times, t0).await,
+                Err(e) => Err(e.context(self.system.dump(&self.namespace).await)),
+            };
+            match run {
+                Ok(r) => runs.push(r),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        for (name, _) in &created {
+            self.delete(name).await?;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(runs),
+        }
     }
 
     async fn follow(
@@ -343,7 +292,7 @@ impl BenchCluster {
             evals,
             nodes,
             throttle_times,
-            plan_writes: analysis::plan_writes(&self.system.operator_log(), name),
+            plan_writes: super::propagation::plan_writes(&self.system.operator_log(), name),
             wall_seconds: t0.elapsed().as_secs_f64(),
         })
     }
@@ -354,18 +303,19 @@ impl BenchCluster {
         let _ = api.delete(name, &DeleteParams::foreground()).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let lp = ListParams::default().labels(&format!("{}={name}", m::labels::JOB));
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let left = pods.list(&lp).await.map(|l| l.items.len()).unwrap_or(1);
-            let job_left = api.get_opt(name).await.ok().flatten().is_some();
-            if left == 0 && !job_left {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("job {name}: {left} pod(s) still there 2 minutes after deleting it");
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        let (pods, api, lp) = (&pods, &api, &lp);
+        let what = format!("job {name} and its pods to be gone");
+        eventually(
+            &what,
+            Duration::from_secs(120),
+            Duration::from_millis(300),
+            || async move {
+                let left = pods.list(lp).await.map(|l| l.items.len()).unwrap_or(1);
+                let job_left = api.get_opt(name).await.ok().flatten().is_some();
+                Ok((left == 0 && !job_left).then_some(()))
+            },
+        )
+        .await
     }
 
     /// The step log of `rank` of job `name` (newest pod incarnation).

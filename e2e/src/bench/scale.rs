@@ -200,15 +200,8 @@ pub async fn run(
         "==> operator scale: starting a control plane with nodes for {} pods",
         max * RANKS
     ));
-    let mut system = System::start(SystemOptions {
-        name: "bench-scale".into(),
-        nodes: nodes_for(max * RANKS),
-        operator_args: vec![],
-        prometheus: false,
-        state_dir: None,
-        verbose: false,
-    })
-    .await?;
+    let mut system =
+        System::start(SystemOptions::new("bench-scale", nodes_for(max * RANKS))).await?;
     let out = grow(&system, counts, hold, say).await;
     system.stop().await;
     out

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use heterotrain_e2e::{cache_dir, ClusterOptions, LocalCluster};
+use heterotrain_e2e::cache_dir;
 
 #[derive(Parser)]
 #[command(
@@ -266,48 +266,20 @@ async fn serve(
         Some(path) => Some(heterotrain_e2e::nodesim::NodesFile::load(path)?),
         None => None,
     };
-    let mut cluster_only = None;
-    let mut sim_only = None;
-    let mut system = None;
-    if operator {
-        system = Some(
-            heterotrain_e2e::system::System::start(heterotrain_e2e::system::SystemOptions {
-                name: name.into(),
-                nodes: nodes.unwrap_or(heterotrain_e2e::nodesim::NodesFile { nodes: Vec::new() }),
-                operator_args,
-                prometheus: false,
-                state_dir: Some(dir.clone()),
-                verbose: true,
-            })
-            .await?,
-        );
-    } else {
-        let cluster = LocalCluster::start(ClusterOptions {
-            name: name.into(),
+    let mut system =
+        heterotrain_e2e::system::System::start(heterotrain_e2e::system::SystemOptions {
+            crd: operator,
+            operator,
+            operator_args,
             state_dir: Some(dir.clone()),
-            keep_state: true,
             verbose: true,
+            ..heterotrain_e2e::system::SystemOptions::new(
+                name,
+                nodes.unwrap_or(heterotrain_e2e::nodesim::NodesFile { nodes: Vec::new() }),
+            )
         })
         .await?;
-        if let Some(file) = nodes {
-            eprintln!("==> registering {} simulated node(s)", file.nodes.len());
-            sim_only = Some(
-                heterotrain_e2e::nodesim::NodeSimulator::start(
-                    cluster.client().await?,
-                    file,
-                    &dir,
-                    cluster.kubeconfig_renderer(),
-                )
-                .await?,
-            );
-        }
-        cluster_only = Some(cluster);
-    }
-    let cluster = match (&system, &cluster_only) {
-        (Some(s), _) => &s.cluster,
-        (None, Some(c)) => c,
-        (None, None) => anyhow::bail!("nothing started"),
-    };
+    let cluster = &system.cluster;
     let pids: String = cluster
         .pids()
         .iter()
@@ -323,15 +295,7 @@ async fn serve(
     }
     eprintln!("==> stopping");
     let _ = std::fs::remove_file(dir.join("ready"));
-    if let Some(mut s) = system {
-        s.stop().await;
-    }
-    if let Some(sim) = &sim_only {
-        sim.stop().await;
-    }
-    if let Some(c) = cluster_only {
-        c.stop();
-    }
+    system.stop().await;
     Ok(())
 }
 

@@ -314,9 +314,11 @@ pub use cluster::*;
 
 /// Helpers for tests against the local control plane.
 pub mod cluster {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
-    use heterotrain_e2e::nodesim::NodeSimulator;
+    use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
+    use heterotrain_e2e::system::{System, SystemOptions};
+    use heterotrain_e2e::wait::eventually;
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kube::api::{Api, ListParams, PostParams};
     use kube::core::{DynamicObject, GroupVersionKind};
@@ -329,19 +331,32 @@ pub mod cluster {
         Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
     }
 
+    /// Poll `f` every 300 ms until it yields a value; panics naming `what`
+    /// after `timeout` (the crate's one wait, [`eventually`]).
     pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        let poll = || {
+            let check = f();
+            async move { anyhow::Ok(check.await) }
+        };
+        eventually(what, timeout, Duration::from_millis(300), poll)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// The test bed (`heterotrain_e2e::system`) as `opts` asks.
+    pub async fn test_bed(opts: SystemOptions) -> System {
+        System::start(opts)
+            .await
+            .expect("start the test bed (run `make setup`)")
+    }
+
+    /// Simulated nodes from a `nodes:` YAML list.
+    pub fn nodes(yaml: &str) -> NodesFile {
+        NodesFile::parse(yaml).expect("nodes YAML")
     }
 
     pub async fn create_namespace(client: &Client, ns: &str) {

@@ -1,0 +1,388 @@
+//! A bench session's training part: for each model and scenario the two
+//! ideals, then every policy's run; the 2-node scenarios in interleaved
+//! rounds (concurrent ideal, static, dynamic, …) so that paired ratios
+//! compare runs made under the same load.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use super::analysis::{self, cluster_steps, summarise, ClusterStep};
+use super::runner::{BenchCluster, ThrottlePlan};
+use super::spec::{job, nodes_file, JobParams};
+use super::{ideal, report, split, BenchNode, ModelRun, Results, RunResult, Scenario, Series};
+
+/// What to train, from the command line.
+pub struct TrainingOptions {
+    pub models: Vec<ModelRun>,
+    pub scenarios: Vec<Scenario>,
+    /// In the order they run; static first, the others are compared with it.
+    pub policies: Vec<String>,
+    /// Rounds of the 2-node scenarios (later rounds run static and dynamic).
+    pub rounds: u32,
+    pub core_unit: f64,
+    pub rebalance_interval: f64,
+    pub verbose: bool,
+}
+
+/// Results so far and the measurements later runs reuse.
+pub struct State {
+    pub results: Results,
+    /// (model, node, speed bits, batch) → samples/s alone.
+    pub standalone: BTreeMap<(String, String, u64, u32), f64>,
+    /// Each node's speed outside throttles and ideals.
+    pub base_speed: BTreeMap<String, f64>,
+    done: usize,
+    total: usize,
+}
+
+impl State {
+    pub fn new(results: Results) -> State {
+        State {
+            results,
+            standalone: BTreeMap::new(),
+            base_speed: BTreeMap::new(),
+            done: 0,
+            total: 0,
+        }
+    }
+}
+
+pub fn say(msg: &str) {
+    println!("{msg}");
+}
+
+/// A model's name in job names.
+pub fn short(model: &str) -> &str {
+    match model {
+        "simple_cnn" => "cnn",
+        m => m,
+    }
+}
+
+/// The ideals of one round: sequential and concurrent, at the scenario's
+/// speeds and (throttle scenario) with the node throttled.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ideals {
+    seq: f64,
+    seq_throttled: Option<f64>,
+    conc: f64,
+    conc_throttled: Option<f64>,
+}
+
+/// The scenario's nodes with the throttled node at its throttled speed.
+fn throttled_nodes(sc: &Scenario) -> Option<Vec<BenchNode>> {
+    let t = sc.throttle.as_ref()?;
+    let mut nodes = sc.nodes.clone();
+    nodes[t.node].speed = t.speed;
+    Some(nodes)
+}
+
+/// Policies of round `round`: all in the first, static and dynamic after.
+fn round_policies(policies: &[String], round: u32) -> Vec<&str> {
+    policies
+        .iter()
+        .map(String::as_str)
+        .filter(|p| round == 0 || *p == "static" || *p == "dynamic")
+        .collect()
+}
+
+/// Rounds of `sc`: interleaved for 2 nodes, one otherwise.
+fn rounds_of(o: &TrainingOptions, sc: &Scenario) -> u32 {
+    if sc.nodes.len() == 2 {
+        o.rounds.max(1)
+    } else {
+        1
+    }
+}
+
+/// A whole run's ideal when its steps were split between phases: the same
+/// work at each phase's ideal rate.
+fn phase_mix(cs: &[ClusterStep], (t1, t2): (f64, f64), normal: f64, throttled: f64) -> f64 {
+    let n_t = cs.iter().filter(|s| s.start >= t1 && s.end <= t2).count() as f64;
+    let n_n = cs.len() as f64 - n_t;
+    if normal > 0.0 && throttled > 0.0 {
+        (n_n + n_t) / (n_n / normal + n_t / throttled)
+    } else {
+        normal
+    }
+}
+
+fn series(cs: &[ClusterStep], ranks: usize) -> Series {
+    let t0 = cs[0].start;
+    let per_rank = |f: &dyn Fn(&ClusterStep, usize) -> f64| -> Vec<Vec<f64>> {
+        (0..ranks)
+            .map(|r| cs.iter().map(|s| f(s, r)).collect())
+            .collect()
+    };
+    Series {
+        t: cs.iter().map(|s| s.end - t0).collect(),
+        step: cs.iter().map(|s| s.step).collect(),
+        step_seconds: cs.iter().map(|s| s.seconds).collect(),
+        batches: (0..ranks)
+            .map(|r| cs.iter().map(|s| s.batches[r]).collect())
+            .collect(),
+        compute_seconds: per_rank(&|s, r| s.compute_seconds[r]),
+        allreduce_seconds: per_rank(&|s, r| s.allreduce_seconds[r]),
+        optimizer_seconds: per_rank(&|s, r| s.optimizer_seconds[r]),
+        rolling_rate: analysis::rolling_rates(cs, analysis::ROLLING)
+            .iter()
+            .map(|r| r.unwrap_or(0.0))
+            .collect(),
+    }
+}
+
+async fn cluster_run(
+    cl: &BenchCluster,
+    st: &mut State,
+    (m, sc): (&ModelRun, &Scenario),
+    policy: &str,
+    round: u32,
+    ideals: Ideals,
+) -> Result<RunResult> {
+    let steps = if sc.throttle.is_some() {
+        m.steps * 3 / 2
+    } else {
+        m.steps
+    };
+    let name = format!("{}-{}-{policy}-r{round}", short(&m.model), sc.name);
+    let job = job(&JobParams {
+        name: &name,
+        model: m,
+        nodes: &sc.nodes,
+        policy,
+        global_batch: m.global_batch,
+        steps,
+        core_unit: cl.core_unit,
+        profiling: true,
+    })?;
+    let throttle = sc.throttle.as_ref().map(|t| ThrottlePlan {
+        node: sc.nodes[t.node].name.clone(),
+        speed: t.speed,
+        normal_speed: sc.nodes[t.node].speed,
+        at_step: (steps as f64 * t.at).round() as u64,
+        restore_step: (steps as f64 * t.restore).round() as u64,
+    });
+    st.done += 1;
+    say(&format!(
+        "==> [{}/{}] {} · {} · {policy} (round {}): {} steps of global batch {}",
+        st.done,
+        st.total,
+        m.model,
+        sc.title,
+        round + 1,
+        steps,
+        m.global_batch
+    ));
+    let run = cl
+        .run(job, throttle.as_ref(), Duration::from_secs(1200))
+        .await?;
+    let cs = cluster_steps(&run.ranks);
+    if cs.is_empty() {
+        bail!("{name}: no step ran on every rank");
+    }
+    let mut summary = summarise(&cs, &run.evals);
+    let (mut ideal, mut conc) = (ideals.seq, ideals.conc);
+    let (mut recovery, mut window) = (None, None);
+    if let (Some((t1, t2)), Some(ti)) = (run.throttle_times, ideals.seq_throttled) {
+        ideal = phase_mix(&cs, (t1, t2), ideal, ti);
+        conc = phase_mix(&cs, (t1, t2), conc, ideals.conc_throttled.unwrap_or(0.0));
+        summary.samples_per_second = analysis::rate_over(&cs);
+        recovery = Some(analysis::recovery(&cs, t1, t2, ti));
+        window = Some((t1 - cs[0].start, t2 - cs[0].start));
+    }
+    let rate = summary.samples_per_second;
+    let static_rate = st
+        .results
+        .runs
+        .iter()
+        .find(|r| {
+            (&r.model, &r.scenario, r.policy.as_str(), r.round)
+                == (&m.model, &sc.name, "static", round)
+        })
+        .map(|r| r.summary.samples_per_second)
+        .or_else(|| (policy == "static").then_some(rate));
+    let result = RunResult {
+        model: m.model.clone(),
+        scenario: sc.name.clone(),
+        policy: policy.into(),
+        nodes: run.nodes.clone(),
+        speeds: sc.speeds(),
+        global_batch: m.global_batch,
+        round,
+        efficiency: if ideal > 0.0 { rate / ideal } else { 0.0 },
+        ideal_concurrent: (conc > 0.0).then_some(conc),
+        efficiency_concurrent: (conc > 0.0).then(|| rate / conc),
+        speedup_vs_static: static_rate.filter(|s| *s > 0.0).map(|s| rate / s),
+        optimizer_elements: cs
+            .last()
+            .map(|s| s.optimizer_elements.clone())
+            .unwrap_or_default(),
+        summary,
+        ideal,
+        recovery,
+        throttle_window: window,
+        propagation_seconds: super::propagation::propagation_latencies(
+            &run.ranks,
+            &run.plan_writes,
+        ),
+        wall_seconds: run.wall_seconds,
+        series: series(&cs, run.ranks.len()),
+    };
+    say(&report::run_line(&result));
+    Ok(result)
+}
+
+/// Train every model × scenario × policy; results go to `st` and, after
+/// every run, to `out`.
+pub async fn training(o: &TrainingOptions, st: &mut State, out: &Path) -> Result<()> {
+    let all_nodes: Vec<BenchNode> = o.scenarios.iter().flat_map(|s| s.nodes.clone()).collect();
+    for n in &all_nodes {
+        st.base_speed.entry(n.name.clone()).or_insert(n.speed);
+    }
+    let mut data: Vec<&str> = o.models.iter().map(|m| m.dataset.as_str()).collect();
+    data.sort_unstable();
+    data.dedup();
+    for m in &o.models {
+        for sc in o.scenarios.iter().filter(|s| m.scenarios.contains(&s.name)) {
+            st.total += (0..rounds_of(o, sc))
+                .map(|k| round_policies(&o.policies, k).len())
+                .sum::<usize>();
+        }
+    }
+    // The real data the jobs train on, from `make setup`'s cache.
+    for d in &data {
+        let dir = crate::datasets::dir(d)?;
+        say(&format!("==> dataset {d}: {}", dir.display()));
+    }
+    let nodes = nodes_file(&all_nodes);
+    say(&format!(
+        "==> starting the local control plane with {} simulated nodes and the operator",
+        nodes.nodes.len()
+    ));
+    let mut cl =
+        BenchCluster::start(nodes, &data, o.core_unit, o.rebalance_interval, o.verbose).await?;
+    let outcome = async {
+        for m in &o.models {
+            for sc in o.scenarios.iter().filter(|s| m.scenarios.contains(&s.name)) {
+                scenario(o, &cl, st, m, sc, out).await?;
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    cl.system.stop().await;
+    outcome
+}
+
+async fn scenario(
+    o: &TrainingOptions,
+    cl: &BenchCluster,
+    st: &mut State,
+    m: &ModelRun,
+    sc: &Scenario,
+    out: &Path,
+) -> Result<()> {
+    say(&format!(
+        "==> {} · {}: each rank alone first",
+        m.model, sc.title
+    ));
+    let throttled = throttled_nodes(sc);
+    let mut ideals = Ideals {
+        seq: ideal::sequential(cl, st, m, &sc.nodes).await?,
+        ..Default::default()
+    };
+    if let Some(nodes) = &throttled {
+        ideals.seq_throttled = Some(ideal::sequential(cl, st, m, nodes).await?);
+    }
+    for round in 0..rounds_of(o, sc) {
+        let policies = round_policies(&o.policies, round);
+        if policies.is_empty() {
+            break;
+        }
+        ideals.conc = ideal::concurrent(cl, st, m, &sc.nodes, round).await?;
+        if let Some(nodes) = &throttled {
+            ideals.conc_throttled = Some(ideal::concurrent(cl, st, m, nodes, round).await?);
+        }
+        for policy in policies {
+            match cluster_run(cl, st, (m, sc), policy, round, ideals).await {
+                Ok(r) => st.results.runs.push(r),
+                Err(e) => {
+                    let msg = format!("{} · {} · {policy} failed: {e:#}", m.model, sc.name);
+                    eprintln!("    {msg}");
+                    st.results
+                        .notes
+                        .push(msg.lines().next().unwrap_or("").to_string());
+                }
+            }
+            report::write_all(out, &st.results)?;
+        }
+    }
+    st.results
+        .paired
+        .retain(|p| (&p.model, &p.scenario) != (&m.model, &sc.name));
+    st.results
+        .paired
+        .push(split::paired(&st.results.runs, &m.model, &sc.name));
+    report::write_all(out, &st.results)
+}
+
+/// Results with the run's start time, machine and settings.
+pub fn new_results(settings: serde_json::Value) -> Results {
+    let started = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let cg = crate::nodesim::cgroup::detect();
+    Results {
+        started,
+        machine: format!("{cpus} CPUs, cgroup {cg:?}"),
+        settings,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_rounds_interleave_static_and_dynamic_only() {
+        let all: Vec<String> = ["static", "proportional", "dynamic", "hybrid"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(round_policies(&all, 0).len(), 4);
+        assert_eq!(round_policies(&all, 2), vec!["static", "dynamic"]);
+        assert!(round_policies(&["hybrid".to_string()], 1).is_empty());
+    }
+
+    #[test]
+    fn a_throttled_run_is_held_to_each_phase_s_ideal() {
+        let step = |i: u64| ClusterStep {
+            step: i,
+            start: i as f64,
+            end: i as f64 + 1.0,
+            seconds: 1.0,
+            global_batch: 1,
+            generation: 0,
+            batches: vec![1],
+            compute_seconds: vec![1.0],
+            allreduce_seconds: vec![0.0],
+            optimizer_seconds: vec![0.0],
+            optimizer_elements: vec![1],
+            loss: 0.0,
+        };
+        let cs: Vec<ClusterStep> = (0..4).map(step).collect();
+        // Steps 1 and 2 throttled: 2 steps at 100/s and 2 at 50/s → 4 / 0.06.
+        let mix = phase_mix(&cs, (1.0, 3.0), 100.0, 50.0);
+        assert!((mix - 4.0 / 0.06).abs() < 1e-9, "{mix}");
+        assert_eq!(phase_mix(&cs, (1.0, 3.0), 100.0, 0.0), 100.0);
+    }
+}

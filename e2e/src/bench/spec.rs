@@ -1,0 +1,107 @@
+//! What the bench asks the cluster for: its simulated nodes and the
+//! HeteroTrainingJob of a run (one single-replica group pinned to each
+//! node; jobs read the cached digits from a claim of the dataset's name).
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use heterotrain_crds::HeteroTrainingJob;
+use serde_json::json;
+
+use super::{BenchNode, ModelRun};
+use crate::nodesim::{NodeConfig, NodesFile};
+
+/// Nodes for `nodes` (name, speed): CPU-only, room for a few pods each.
+pub fn nodes_file(nodes: &[BenchNode]) -> NodesFile {
+    let mut seen = BTreeMap::new();
+    for n in nodes {
+        seen.entry(n.name.clone()).or_insert(n.speed);
+    }
+    NodesFile {
+        nodes: seen
+            .into_iter()
+            .map(|(name, speed)| NodeConfig {
+                name,
+                labels: BTreeMap::new(),
+                speed,
+                cpu: "2".into(),
+                memory: "16Gi".into(),
+                gpus: 0,
+                gpu_product: None,
+                max_pods: 20,
+                run_processes: true,
+            })
+            .collect(),
+    }
+}
+
+/// A job's spec for the bench: one single-replica group per node, pinned
+/// to it, 1 thread and `core_unit` cores each.
+pub struct JobParams<'a> {
+    pub name: &'a str,
+    pub model: &'a ModelRun,
+    pub nodes: &'a [BenchNode],
+    pub policy: &'a str,
+    pub global_batch: u32,
+    pub steps: u64,
+    pub core_unit: f64,
+    pub profiling: bool,
+}
+
+/// Build the HeteroTrainingJob for `p`.
+pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
+    let (format, cached) = crate::datasets::for_model(&p.model.model)?;
+    if cached != p.model.dataset {
+        bail!(
+            "model {} reads {format} data, which dataset {} is not",
+            p.model.model,
+            p.model.dataset
+        );
+    }
+    let millis = ((p.core_unit * 1000.0).round() as u64).max(10);
+    let workers: Vec<serde_json::Value> = p
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            json!({
+                "name": format!("n{i}"),
+                "replicas": 1,
+                "device": "cpu",
+                "threads": 1,
+                "nodeSelector": {"kubernetes.io/hostname": n.name},
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "256Mi"},
+                    "limits": {"cpu": format!("{millis}m"), "memory": "2Gi"}
+                }
+            })
+        })
+        .collect();
+    // rebalanceIntervalSteps 10: at simple_cnn's 40–140 ms steps that is
+    // under the operator's 2 s --rebalance-interval, so the wall-clock floor
+    // sets the decision period the throttle target is stated in; resnet18's
+    // 0.5–0.8 s steps make it 5–8 s, a handful of decisions in 50 steps.
+    let v = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": p.name, "labels": {"app.kubernetes.io/part-of": "heterotrain-bench"}},
+        "spec": {
+            "workers": workers,
+            "model": {"name": p.model.model},
+            "dataset": {"name": format, "claimName": p.model.dataset},
+            "training": {
+                "globalBatchSize": p.global_batch,
+                "maxSteps": p.steps,
+                "optimizer": "sgd",
+                "learningRate": p.model.learning_rate,
+                "momentum": "0.9",
+                "seed": 1
+            },
+            "loadBalancing": {"policy": p.policy, "rebalanceIntervalSteps": 10, "minGainPercent": 5},
+            "profiling": {"enabled": p.profiling},
+            "checkpoint": {"everySteps": 0},
+            "runPolicy": {"backoffLimit": 0}
+        }
+    });
+    serde_json::from_value(v).context("building the bench job")
+}

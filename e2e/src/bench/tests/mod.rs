@@ -1,0 +1,65 @@
+use super::*;
+use crate::bench::analysis::RunSummary;
+
+#[test]
+fn ideal_split_is_proportional_and_sums_to_the_global_batch() {
+    assert_eq!(ideal_split(128, &[1.0, 0.33]), vec![96, 32]);
+    let b = ideal_split(128, &[1.0, 0.7, 0.4, 0.25]);
+    assert_eq!(b.iter().sum::<u32>(), 128);
+    assert!(b.windows(2).all(|w| w[0] >= w[1]), "{b:?}");
+    assert_eq!(ideal_split(64, &[1.0, 1.0]), vec![32, 32]);
+    assert_eq!(ideal_split(3, &[1.0, 0.001, 0.001]), vec![1, 1, 1]);
+}
+
+#[test]
+fn scenarios_use_distinct_nodes_except_the_throttle_reuse() {
+    let sc = scenarios();
+    assert_eq!(sc.len(), 4);
+    let t = sc.iter().find(|s| s.throttle.is_some()).unwrap();
+    let two = sc.iter().find(|s| s.name == "two-node").unwrap();
+    assert_eq!(t.nodes, two.nodes);
+    let mut all: Vec<&str> = sc
+        .iter()
+        .filter(|s| s.throttle.is_none())
+        .flat_map(|s| s.nodes.iter().map(|n| n.name.as_str()))
+        .collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n);
+}
+
+/// A two-rank run for the report's unit tests.
+pub(crate) fn test_run(
+    scenario: &str,
+    policy: &str,
+    rate: f64,
+    ideal: f64,
+    vs: Option<f64>,
+) -> RunResult {
+    RunResult {
+        model: "simple_cnn".into(),
+        scenario: scenario.into(),
+        policy: policy.into(),
+        nodes: vec!["a".into(), "b".into()],
+        speeds: vec![1.0, 0.33],
+        global_batch: 128,
+        round: 0,
+        summary: RunSummary {
+            samples_per_second: rate,
+            final_plan: vec![96, 32],
+            ..Default::default()
+        },
+        ideal,
+        efficiency: rate / ideal,
+        ideal_concurrent: None,
+        efficiency_concurrent: None,
+        speedup_vs_static: vs,
+        optimizer_elements: vec![],
+        recovery: None,
+        throttle_window: None,
+        propagation_seconds: vec![],
+        wall_seconds: 1.0,
+        series: Series::default(),
+    }
+}

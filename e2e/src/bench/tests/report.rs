@@ -1,0 +1,84 @@
+use super::*;
+use crate::bench::{Recovery, ScalePoint, Series};
+
+use crate::bench::tests::test_run as run;
+
+#[test]
+fn step_split_separates_compute_from_the_rest() {
+    let mut x = run("two-node", "dynamic", 1280.0, 1500.0, Some(2.0));
+    // 4 steps; the steady half is the last 2: slowest ranks 40 and 60 ms.
+    x.series = Series {
+        t: vec![0.1, 0.2, 0.3, 0.4],
+        batches: vec![vec![64; 4], vec![64; 4]],
+        compute_seconds: vec![vec![0.09, 0.09, 0.04, 0.01], vec![0.01, 0.01, 0.02, 0.06]],
+        rolling_rate: vec![0.0; 4],
+        ..Default::default()
+    };
+    let (step, compute) = step_split(&x).unwrap();
+    assert!((step - 100.0).abs() < 1e-9, "128 / 1280 samples/s = 100 ms");
+    assert!((compute - 50.0).abs() < 1e-9, "{compute}");
+    x.recovery = Some(Recovery::default());
+    assert_eq!(step_split(&x), None);
+}
+
+#[test]
+fn targets_follow_the_measurements() {
+    let mut r = Results::default();
+    r.runs
+        .push(run("two-node", "dynamic", 960.0, 1000.0, Some(1.9)));
+    r.runs
+        .push(run("homogeneous", "static", 1000.0, 1100.0, None));
+    r.runs
+        .push(run("homogeneous", "dynamic", 970.0, 1100.0, Some(0.97)));
+    let mut t = run("throttle", "dynamic", 800.0, 900.0, Some(1.5));
+    t.recovery = Some(Recovery {
+        throttled_samples_per_second: 500.0,
+        throttled_ideal: 600.0,
+        seconds_to_ideal_95: None,
+        ..Default::default()
+    });
+    r.runs.push(t);
+    r.scale.push(ScalePoint {
+        jobs: 500,
+        pods: 4000,
+        reconciles: 10,
+        reconcile_p50_seconds: Some(0.01),
+        reconcile_p99_seconds: Some(0.2),
+        burst_reconciles: 10,
+        burst_p50_seconds: None,
+        burst_p99_seconds: Some(3.0),
+        rss_mib: Some(151.0),
+        seconds_to_running: 1.0,
+    });
+    let c = check_targets(&r, 2.0);
+    let met: Vec<Option<bool>> = c.iter().map(|t| t.met).collect();
+    // two-node met; throttle never reached → missed; homogeneous 0.97 → missed;
+    // scale: RSS over 150 MiB → missed.
+    assert_eq!(met, vec![Some(true), Some(false), Some(false), Some(false)]);
+    assert!(c[1].measured.starts_with("never"), "{}", c[1].measured);
+    r.runs[0].speedup_vs_static = Some(1.7);
+    assert_eq!(check_targets(&r, 2.0)[0].met, Some(false));
+    r.targets = c;
+    r.runs[0].ideal_concurrent = Some(1200.0);
+    r.runs[0].efficiency_concurrent = Some(0.8);
+    r.paired.push(crate::bench::split::paired(
+        &r.runs,
+        "simple_cnn",
+        "homogeneous",
+    ));
+    let md = markdown(&r);
+    assert!(
+        md.contains(
+            "| simple_cnn | two-node | dynamic | 1 | 960 | 1000 | 1200 | 0.96 | 0.80 | 1.70 |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| simple_cnn | homogeneous | 1 | 0.97 (n=1) | - | - |"),
+        "{md}"
+    );
+    assert!(md.contains("**missed**"));
+    let csv = csv(&r);
+    assert_eq!(csv.lines().count(), 5);
+    assert!(csv.lines().nth(1).unwrap().contains(",96 32,"));
+}

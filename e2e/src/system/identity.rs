@@ -1,0 +1,141 @@
+//! Identities in the test bed: namespaces for jobs with the trainer's
+//! ServiceAccount and Role, and the operator's ServiceAccount bound to its
+//! documented RBAC rules.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+
+use super::{OPERATOR_NAMESPACE, OPERATOR_RBAC, TRAINER_SA};
+use crate::wait::eventually;
+use crate::LocalCluster;
+
+async fn wait_token_secret(client: &Client, ns: &str, sa: &str) -> Result<()> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let api = &api;
+    let what = format!("a token secret of serviceaccount {ns}/{sa}");
+    eventually(
+        &what,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async move {
+            let sa = api.get_opt(sa).await?;
+            let ready = sa.and_then(|s| s.secrets).is_some_and(|s| !s.is_empty());
+            Ok(ready.then_some(()))
+        },
+    )
+    .await
+}
+
+async fn ensure_namespace(client: &Client, ns: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+    api.patch(
+        ns,
+        &PatchParams::apply("heterotrain-e2e").force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, value: serde_json::Value) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("heterotrain-e2e").force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .with_context(|| format!("applying {name}"))?;
+    Ok(())
+}
+
+/// Create a namespace for jobs with the trainer ServiceAccount and its
+/// Role (read and watch ConfigMaps — the plan — nothing else).
+pub async fn prepare_namespace(client: &Client, ns: &str) -> Result<()> {
+    let client = client.clone();
+    ensure_namespace(&client, ns).await?;
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        TRAINER_SA,
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TRAINER_SA}
+        }),
+    )
+    .await?;
+    apply(&Api::<Role>::namespaced(client.clone(), ns), TRAINER_SA, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": TRAINER_SA},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]
+    }))
+    .await?;
+    apply(&Api::<RoleBinding>::namespaced(client.clone(), ns), TRAINER_SA, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": TRAINER_SA},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TRAINER_SA},
+        "subjects": [{"kind": "ServiceAccount", "name": TRAINER_SA, "namespace": ns}]
+    }))
+    .await?;
+    wait_token_secret(&client, ns, TRAINER_SA).await?;
+    wait_token_secret(&client, ns, "default").await?;
+    Ok(())
+}
+
+/// The operator's ServiceAccount, its ClusterRole (`operator/rbac.yaml`)
+/// and binding, and a kubeconfig at `kubeconfig` with the account's token.
+pub(super) async fn setup_operator_identity(
+    cluster: &LocalCluster,
+    kubeconfig: &Path,
+) -> Result<()> {
+    let client = cluster.client().await?;
+    ensure_namespace(&client, OPERATOR_NAMESPACE).await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    apply(&sas, "heterotrain-operator", json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "heterotrain-operator"}
+    }))
+    .await?;
+    let mut role: serde_json::Value = serde_yaml::from_str(OPERATOR_RBAC)?;
+    role["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
+    role["kind"] = json!("ClusterRole");
+    let role_name = role["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| anyhow!("operator/rbac.yaml has no name"))?
+        .to_string();
+    apply(&Api::<ClusterRole>::all(client.clone()), &role_name, role).await?;
+    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &role_name, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": "heterotrain-operator", "namespace": OPERATOR_NAMESPACE}]
+    }))
+    .await?;
+    let req: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 86400}
+    }))?;
+    let resp: TokenRequest = sas
+        .create_subresource(
+            "token",
+            "heterotrain-operator",
+            &PostParams::default(),
+            &req,
+        )
+        .await
+        .context("requesting the operator's token")?;
+    let token = resp
+        .status
+        .and_then(|s| s.token)
+        .ok_or_else(|| anyhow!("empty TokenRequest status"))?;
+    std::fs::write(kubeconfig, cluster.kubeconfig_yaml(&token))?;
+    Ok(())
+}
