@@ -130,7 +130,7 @@ fn time_split_section(s: &mut String, r: &Results) {
     table_head(
         s,
         "Time per step and rank (first round, steady state)",
-        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).",
+        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide, including waiting there for a slower rank); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).",
         "| model | scenario | policy | rank | node | local batch | step | compute | exposed comm | optimizer | other | optimizer elements |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     );

@@ -109,7 +109,8 @@ pub struct RankSplit {
     pub step_ms: f64,
     /// Data, forward and backward.
     pub compute_ms: f64,
-    /// Blocked in the all-reduce (communication not hidden behind backward).
+    /// Blocked in the all-reduce: communication not hidden behind backward,
+    /// and waiting there for a slower rank.
     pub comm_ms: f64,
     pub optimizer_ms: f64,
     /// The rest of the step: waiting for the others, plan agreement.
