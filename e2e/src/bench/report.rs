@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::split::{rank_splits, RankSplit};
+use super::split::{rank_splits, step_split, RankSplit};
 pub use super::targets::check_targets;
 use super::{Results, RunResult, Spread};
 
@@ -62,33 +62,6 @@ pub fn run_line(x: &RunResult) -> String {
     line
 }
 
-/// (step ms, slowest rank's compute ms) over the steady state: the step
-/// from the steady rate, the compute as the mean over steps of the largest
-/// rank's compute time. The difference is all-reduce and synchronisation.
-/// None for the throttle scenario, whose rate spans its phases.
-pub fn step_split(x: &RunResult) -> Option<(f64, f64)> {
-    if x.recovery.is_some() || x.summary.samples_per_second <= 0.0 {
-        return None;
-    }
-    let n = x.series.t.len();
-    let from = n - ((n as f64) * super::analysis::STEADY_FRACTION).ceil() as usize;
-    let maxes: Vec<f64> = (from..n)
-        .map(|i| {
-            x.series
-                .compute_seconds
-                .iter()
-                .filter_map(|c| c.get(i).copied())
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    if maxes.is_empty() {
-        return None;
-    }
-    let compute = maxes.iter().sum::<f64>() / maxes.len() as f64;
-    let step = f64::from(x.global_batch) / x.summary.samples_per_second;
-    Some((step * 1000.0, compute * 1000.0))
-}
-
 /// Median and range of the paired ratios of the interleaved runs.
 fn paired_section(s: &mut String, r: &Results) {
     if r.paired.is_empty() {
@@ -130,7 +103,7 @@ fn time_split_section(s: &mut String, r: &Results) {
     table_head(
         s,
         "Time per step and rank (first round, steady state)",
-        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).",
+        "Means over the last half of the steps, ms: compute = data, forward and backward; exposed comm = time blocked in the gradient all-reduce (what overlapping with backward did not hide, including waiting there for a slower rank); optimizer = the update of this rank's shard (elements = parameters it updated); other = the rest of the step (waiting for the slowest rank, plan agreement).",
         "| model | scenario | policy | rank | node | local batch | step | compute | exposed comm | optimizer | other | optimizer elements |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     );

@@ -109,7 +109,8 @@ pub struct RankSplit {
     pub step_ms: f64,
     /// Data, forward and backward.
     pub compute_ms: f64,
-    /// Blocked in the all-reduce (communication not hidden behind backward).
+    /// Blocked in the all-reduce: communication not hidden behind backward,
+    /// and waiting there for a slower rank.
     pub comm_ms: f64,
     pub optimizer_ms: f64,
     /// The rest of the step: waiting for the others, plan agreement.
@@ -154,6 +155,33 @@ pub fn rank_splits(x: &RunResult) -> Vec<RankSplit> {
             }
         })
         .collect()
+}
+
+/// (step ms, slowest rank's compute ms) over the steady state: the step
+/// from the steady rate, the compute as the mean over steps of the largest
+/// rank's compute time. The difference is all-reduce and synchronisation.
+/// None for the throttle scenario, whose rate spans its phases.
+pub fn step_split(x: &RunResult) -> Option<(f64, f64)> {
+    if x.recovery.is_some() || x.summary.samples_per_second <= 0.0 {
+        return None;
+    }
+    let n = x.series.t.len();
+    let from = n - ((n as f64) * STEADY_FRACTION).ceil() as usize;
+    let maxes: Vec<f64> = (from..n)
+        .map(|i| {
+            x.series
+                .compute_seconds
+                .iter()
+                .filter_map(|c| c.get(i).copied())
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    if maxes.is_empty() {
+        return None;
+    }
+    let compute = maxes.iter().sum::<f64>() / maxes.len() as f64;
+    let step = f64::from(x.global_batch) / x.summary.samples_per_second;
+    Some((step * 1000.0, compute * 1000.0))
 }
 
 #[cfg(test)]

@@ -184,10 +184,6 @@ async fn main_inner(cli: Cli) -> Result<()> {
         st.results.propagation_max_seconds = analysis::quantile(&lat, 1.0);
     }
     if !cli.no_ddp {
-        say(&format!(
-            "==> trainer vs PyTorch DDP ({} run(s) each, 2 ranks, Gloo)",
-            cli.ddp_runs
-        ));
         match ddp::run(cli.ddp_runs) {
             Ok(rows) => st.results.ddp = rows,
             Err(e) => st

@@ -1,4 +1,5 @@
 use super::*;
+use crate::bench::split::step_split;
 use crate::bench::{Recovery, ScalePoint, Series};
 
 use crate::bench::tests::test_run as run;

@@ -1,0 +1,88 @@
+//! Helpers for tests against the local control plane: the test bed, the
+//! one wait, namespaces and failure dumps.
+
+use std::time::Duration;
+
+use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
+use heterotrain_e2e::system::{System, SystemOptions};
+use heterotrain_e2e::wait::eventually;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::core::{DynamicObject, GroupVersionKind};
+use kube::discovery::ApiResource;
+use kube::Client;
+use serde_json::json;
+
+pub fn jobs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("heterotrain.dev", "v1alpha1", "HeteroTrainingJob");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// Poll `f` every 300 ms until it yields a value; panics naming `what`
+/// after `timeout` (the crate's one wait, [`eventually`]).
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let poll = || {
+        let check = f();
+        async move { anyhow::Ok(check.await) }
+    };
+    eventually(what, timeout, Duration::from_millis(300), poll)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The test bed (`heterotrain_e2e::system`) as `opts` asks.
+pub async fn test_bed(opts: SystemOptions) -> System {
+    let bed = System::start(opts).await;
+    bed.expect("start the test bed (run `make setup`)")
+}
+
+/// Simulated nodes from a `nodes:` YAML list.
+pub fn nodes(yaml: &str) -> NodesFile {
+    NodesFile::parse(yaml).expect("nodes YAML")
+}
+
+pub async fn create_namespace(client: &Client, ns: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+    )
+    .await
+    .expect("create namespace");
+}
+
+/// Pods of `namespaces` with the tail of their logs, for failure messages.
+pub async fn dump_namespaces(client: &Client, sim: &NodeSimulator, namespaces: &[&str]) -> String {
+    let mut out = String::new();
+    for &ns in namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        for p in pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "pod {ns}/{name}: node={:?} status={:?}\n",
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                p.status.as_ref().map(|s| (&s.phase, &s.reason, &s.message))
+            ));
+            let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+                sim.state_dir(),
+                ns,
+                &name,
+            ))
+            .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            for l in tail.into_iter().rev() {
+                out.push_str(&format!("  | {l}\n"));
+            }
+        }
+    }
+    out
+}
