@@ -22,9 +22,14 @@ pub struct BatchPlan {
     /// Human-readable reason for this plan.
     #[serde(default)]
     pub reason: String,
-    /// Step time the balancer predicts for this plan, in seconds.
+    /// Step time the balancer predicts for this plan, in seconds
+    /// (compute: the slowest rank's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_step_seconds: Option<f64>,
+    /// Communication per step that no split removes, as measured so far
+    /// (seconds): the achievable step is `predicted_step_seconds` plus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_communication_seconds: Option<f64>,
 }
 
 /// Why a plan was refused.
@@ -72,6 +77,7 @@ impl BatchPlan {
             policy: "static".into(),
             reason: "equal split".into(),
             predicted_step_seconds: None,
+            predicted_communication_seconds: None,
         }
     }
 

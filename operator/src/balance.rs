@@ -43,6 +43,8 @@ pub struct NewPlan {
     pub reason: String,
     pub gain_percent: f64,
     pub predicted_step_seconds: f64,
+    /// Measured communication per step no split removes (0: unknown).
+    pub communication_seconds: f64,
     pub policy: &'static str,
 }
 
@@ -87,6 +89,8 @@ pub struct JobBalancer {
     window: usize,
     profiles: Vec<Option<RankProfile>>,
     last_counters: Vec<Option<(f64, f64)>>,
+    /// (steps, communication seconds) counters at the last sample.
+    last_communication: Vec<Option<(f64, f64)>>,
     profile_plan_done: bool,
 }
 
@@ -101,6 +105,7 @@ impl JobBalancer {
             window,
             profiles: vec![None; world],
             last_counters: vec![None; world],
+            last_communication: vec![None; world],
             profile_plan_done: false,
         })
     }
@@ -130,6 +135,7 @@ impl JobBalancer {
         if let (Some(slot), Some(c)) = (self.last_counters.get_mut(rank), counters) {
             *slot = Some(c);
         }
+        self.observe_communication(rank, m);
         match sample {
             Some(seconds) => self.inner.observe_step(rank, batch, seconds).is_ok(),
             None => false,
@@ -137,6 +143,30 @@ impl JobBalancer {
     }
 
     /// The caller could not read `rank` this round.
+    /// Exposed communication per step since the last sample, from the
+    /// rank's step and communication counters.
+    fn observe_communication(&mut self, rank: usize, m: &RankMetrics) {
+        let Some(now) = m.steps_total.zip(m.communication_seconds_total) else {
+            return;
+        };
+        let Some(slot) = self.last_communication.get_mut(rank) else {
+            return;
+        };
+        if let Some((s0, c0)) = slot.replace(now) {
+            let (s1, c1) = now;
+            if s1 > s0 && c1 >= c0 {
+                let _ = self
+                    .inner
+                    .observe_communication(rank, (c1 - c0) / (s1 - s0));
+            }
+        }
+    }
+
+    /// Communication per step no split removes, as measured so far.
+    pub fn communication_seconds(&self) -> f64 {
+        self.inner.communication_seconds()
+    }
+
     pub fn missing(&mut self, rank: usize) {
         let _ = self.inner.observe_missing(rank);
     }
@@ -180,6 +210,7 @@ impl JobBalancer {
                         reason: reason.clone(),
                         gain_percent: d.gain_percent,
                         predicted_step_seconds: d.predicted_step_seconds,
+                        communication_seconds: self.inner.communication_seconds(),
                         policy: Policy::Proportional.as_str(),
                     }),
                     reason,
@@ -194,6 +225,7 @@ impl JobBalancer {
                 reason: d.reason.clone(),
                 gain_percent: d.gain_percent,
                 predicted_step_seconds: d.predicted_step_seconds,
+                communication_seconds: d.communication_seconds,
                 policy: policy.as_str(),
             }),
             reason: d.reason,
@@ -248,5 +280,36 @@ spec:
         assert_eq!(synced, vec![31, 1], "sync may give a rank one sample");
         let local = decide_with_a_very_slow_rank("local");
         assert_eq!(local, vec![30, 2], "local BatchNorm keeps 2 per rank");
+    }
+
+    /// The operator turns the ranks' step and communication counters into
+    /// per-step communication; the least of the ranks' is what no split
+    /// removes.
+    #[test]
+    fn communication_per_step_comes_from_the_counters() {
+        let job = crate::testing::fixture("mixed.yaml");
+        let v = crate::testing::valid(&job);
+        let world = v.ranks();
+        let mut jb = JobBalancer::new(&v, 8).expect("balancer");
+        let metrics = |steps: f64, compute: f64, comm: f64| RankMetrics {
+            steps_total: Some(steps),
+            compute_seconds_total: Some(compute),
+            communication_seconds_total: Some(comm),
+            local_batch: Some(8),
+            ..RankMetrics::default()
+        };
+        assert_eq!(jb.communication_seconds(), 0.0);
+        for r in 0..world {
+            jb.observe(r, &metrics(10.0, 1.0, 1.0));
+        }
+        // 10 more steps: rank 0 waited 0.5 s (0.05 per step), the others 2 s.
+        for r in 0..world {
+            let comm = if r == 0 { 1.5 } else { 3.0 };
+            jb.observe(r, &metrics(20.0, 2.0 + r as f64, comm));
+        }
+        assert!((jb.communication_seconds() - 0.05).abs() < 1e-12);
+        // Counters that went backwards (a restarted rank) are not a sample.
+        jb.observe(0, &metrics(5.0, 0.5, 0.1));
+        assert!((jb.communication_seconds() - 0.05).abs() < 1e-12);
     }
 }

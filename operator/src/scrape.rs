@@ -40,6 +40,8 @@ pub struct RankProfile {
 pub struct RankMetrics {
     pub steps_total: Option<f64>,
     pub compute_seconds_total: Option<f64>,
+    /// Seconds of exposed communication so far (the `allreduce` phase).
+    pub communication_seconds_total: Option<f64>,
     pub samples_total: Option<f64>,
     pub local_batch: Option<u32>,
     pub last_step_compute_seconds: Option<f64>,
@@ -87,6 +89,14 @@ impl RankMetrics {
         RankMetrics {
             steps_total: get(m::STEPS_TOTAL),
             compute_seconds_total: get(m::COMPUTE_SECONDS_TOTAL),
+            communication_seconds_total: series
+                .iter()
+                .find(|s| {
+                    s.name == m::PHASE_SECONDS_TOTAL
+                        && s.labels.get("phase").map(String::as_str) == Some("allreduce")
+                        && s.value.is_finite()
+                })
+                .map(|s| s.value),
             samples_total: get(m::SAMPLES_TOTAL),
             local_batch: get(m::LOCAL_BATCH_SIZE)
                 .and_then(count)

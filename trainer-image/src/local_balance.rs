@@ -202,6 +202,7 @@ impl LocalBalancer {
                     policy: self.policy.as_str().into(),
                     reason: format!("local balancer: {} (gain {:.1}%)", d.reason, d.gain_percent),
                     predicted_step_seconds: Some(d.predicted_step_seconds),
+                    predicted_communication_seconds: None,
                 })
             }
             Err(e) => {

@@ -55,9 +55,15 @@ pub fn run(runs: u32) -> Result<Vec<DdpRow>> {
     Ok(rows)
 }
 
-/// Rows `| model | batch | threads | ours | ddp | ratio |` of bench_trainer.sh.
+/// The first table of bench_trainer.sh (after its "ours vs PyTorch DDP"
+/// title): rows `| model, batch | ours | DDP | paired ratio (median) |
+/// min–max |`. The script's later tables (BatchNorm, sharding) compare
+/// ours with ours and are not read.
 pub fn parse_ddp(text: &str) -> Vec<DdpRow> {
     text.lines()
+        .skip_while(|l| !l.starts_with("ours vs PyTorch DDP"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| {
             let c: Vec<&str> = l
                 .trim()
@@ -65,16 +71,17 @@ pub fn parse_ddp(text: &str) -> Vec<DdpRow> {
                 .split('|')
                 .map(str::trim)
                 .collect();
-            if c.len() != 6 {
+            if c.len() != 5 {
                 return None;
             }
-            let ours: f64 = c[3].parse().ok()?;
-            let ddp: f64 = c[4].parse().ok()?;
+            let ours: f64 = c[1].parse().ok()?;
+            let ddp: f64 = c[2].parse().ok()?;
+            let ratio: f64 = c[3].parse().ok()?;
             (ddp > 0.0).then(|| DdpRow {
                 model: c[0].to_string(),
                 ours,
                 ddp,
-                ratio: ours / ddp,
+                ratio,
             })
         })
         .collect()
@@ -86,10 +93,21 @@ mod tests {
 
     #[test]
     fn parses_the_ddp_script_table() {
-        let t = "| model | global batch | threads/rank | ours samples/s | DDP samples/s | ratio |\n|---|---|---|---|---|---|\n| resnet18 | 64 | 1 | 110.5 | 100.0 | 1.10 |\n| mlp | 256 | 1 | 8000.0 | 10000.0 | 0.80 |\n";
+        let t = "ours vs PyTorch DDP (2 ranks, 1 thread(s) each, 3 interleaved pairs)\n\
+| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n\
+|---|---|---|---|---|\n\
+| resnet18, 64 | 110.5 | 100.0 | 1.12 | 0.93–1.25 |\n\
+| mlp (hidden 512), 256 | 8000.0 | 10000.0 | 0.80 | 0.74–1.06 |\n\
+\n\
+synchronised BatchNorm vs per-rank\n\
+| split | sync samples/s | local samples/s | ratio (median) | ratio (min–max) |\n\
+|---|---|---|---|---|\n\
+| 32 / 32 | 80.5 | 122.3 | 0.64 | 0.51–0.83 |\n";
         let r = parse_ddp(t);
-        assert_eq!(r.len(), 2);
-        assert_eq!(r[0].model, "resnet18");
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r[0].model, "resnet18, 64");
+        assert!((r[0].ratio - 1.12).abs() < 1e-12);
         assert!((r[1].ratio - 0.8).abs() < 1e-12);
+        assert_eq!(r[1].ddp, 10000.0);
     }
 }

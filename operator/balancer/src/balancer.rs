@@ -35,6 +35,11 @@ pub struct Decision {
     pub stragglers: Vec<usize>,
     /// Ranks that stopped reporting; each kept its last batch.
     pub stale_ranks: Vec<usize>,
+    /// Communication per step no split removes (seconds; 0 before any
+    /// measurement), see [`Balancer::communication_seconds`]. The step
+    /// achievable under a plan is its predicted compute step plus this.
+    #[serde(default)]
+    pub communication_seconds: f64,
 }
 
 impl Decision {
@@ -151,6 +156,41 @@ impl Balancer {
         r.last_batch = Some(batch);
         r.last_seconds = Some(compute_seconds);
         Ok(())
+    }
+
+    /// One live measurement of `rank`'s exposed communication per step
+    /// (seconds of the step not spent computing: waiting for peers and the
+    /// exchanges themselves), smoothed exponentially.
+    pub fn observe_communication(
+        &mut self,
+        rank: usize,
+        seconds: f64,
+    ) -> Result<(), BalancerError> {
+        let r = self.rank_mut(rank)?;
+        if !seconds.is_finite() || seconds < 0.0 {
+            return Err(BalancerError::InvalidSample {
+                rank,
+                reason: format!("communication seconds {seconds}"),
+            });
+        }
+        r.communication = Some(match r.communication {
+            Some(old) => old + COMMUNICATION_SMOOTHING * (seconds - old),
+            None => seconds,
+        });
+        Ok(())
+    }
+
+    /// The communication per step that no split removes: the smallest
+    /// smoothed exposed communication over the ranks. Under a balanced
+    /// plan the rank on the critical path waits for nobody, so what it
+    /// reports is the exchange itself; the others add their waiting on
+    /// top. 0 before any measurement.
+    pub fn communication_seconds(&self) -> f64 {
+        self.ranks
+            .iter()
+            .filter_map(|r| r.communication)
+            .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
+            .unwrap_or(0.0)
     }
 
     /// The caller knows `rank` stopped reporting: until it reports again it
@@ -315,6 +355,7 @@ impl Balancer {
             policy: cfg.policy,
             stragglers,
             stale_ranks: stale,
+            communication_seconds: self.communication_seconds(),
         };
         if no_data && cur.is_some() {
             out.reason = format!(
@@ -451,6 +492,9 @@ impl Balancer {
         d
     }
 }
+
+/// Weight of a new communication sample in the smoothed estimate.
+const COMMUNICATION_SMOOTHING: f64 = 0.3;
 
 /// Part of a predicted gain that estimation noise alone would produce: the
 /// current plan's predicted maximum is inflated by the largest of `n` model

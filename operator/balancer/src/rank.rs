@@ -33,6 +33,9 @@ pub(crate) struct RankState {
     pub profile_trusted: bool,
     /// Fast re-fits since the previous decision.
     pub refits_since_decision: u32,
+    /// Exposed communication per step (seconds, exponentially smoothed):
+    /// the step time this rank spent not computing.
+    pub communication: Option<f64>,
 }
 
 impl RankState {
@@ -51,6 +54,7 @@ impl RankState {
             last_seconds: None,
             profile_trusted: true,
             refits_since_decision: 0,
+            communication: None,
         }
     }
 

@@ -302,3 +302,29 @@ fn quality_of_the_latest_step() {
     feed(&mut bal, &[59, 59, 59, 58], &C, 1);
     assert_eq!(bal.quality().class.to_string(), "Poor");
 }
+
+#[test]
+fn communication_is_the_least_exposed_wait_smoothed_and_reported_with_decisions() {
+    let mut bal = balancer(Policy::Dynamic, 235);
+    assert_eq!(bal.communication_seconds(), 0.0, "nothing measured yet");
+    feed(&mut bal, &[59, 59, 59, 58], &C, 20);
+    // Rank 3 (slowest) waits for nobody: its exposed time is the exchange;
+    // the faster ranks add their waiting for it.
+    for (r, s) in [(0, 0.30), (1, 0.25), (2, 0.12), (3, 0.02)] {
+        bal.observe_communication(r, s).expect("valid");
+    }
+    assert!((bal.communication_seconds() - 0.02).abs() < 1e-12);
+    // Smoothed: one outlier moves it by 30% of the difference.
+    bal.observe_communication(3, 0.12).expect("valid");
+    assert!((bal.communication_seconds() - 0.05).abs() < 1e-12);
+    let d = bal.decide(&[59, 59, 59, 58]).expect("decide");
+    assert!((d.communication_seconds - 0.05).abs() < 1e-12, "{d:?}");
+    // Bad samples are refused and change nothing.
+    assert!(matches!(
+        bal.observe_communication(0, -1.0),
+        Err(BalancerError::InvalidSample { rank: 0, .. })
+    ));
+    assert!(bal.observe_communication(0, f64::NAN).is_err());
+    assert!(bal.observe_communication(9, 0.1).is_err());
+    assert!((bal.communication_seconds() - 0.05).abs() < 1e-12);
+}

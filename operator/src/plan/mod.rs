@@ -124,6 +124,9 @@ pub fn advance(
             .predicted_step_seconds
             .is_finite()
             .then_some(new.predicted_step_seconds),
+        predicted_communication_seconds: (new.communication_seconds > 0.0
+            && new.communication_seconds.is_finite())
+        .then_some(new.communication_seconds),
     };
     check(v, &plan)?;
     Ok(plan)

@@ -36,6 +36,7 @@ fn new_plan(batch_sizes: Vec<u32>, predicted: f64) -> NewPlan {
         reason: "measured".into(),
         gain_percent: 12.0,
         predicted_step_seconds: predicted,
+        communication_seconds: 0.01,
         policy: "dynamic",
     }
 }
@@ -125,6 +126,14 @@ fn advance_bumps_the_generation_and_checks_the_split() {
     assert_eq!(next.global_batch_size, 33);
     assert_eq!(next.policy, "dynamic");
     assert_eq!(next.predicted_step_seconds, Some(0.5));
+    assert_eq!(next.predicted_communication_seconds, Some(0.01));
+    let mut silent = new_plan(vec![20, 13], 0.5);
+    silent.communication_seconds = 0.0;
+    let silent = advance(&v, &current, silent).expect("valid");
+    assert_eq!(
+        silent.predicted_communication_seconds, None,
+        "0 = not measured"
+    );
     let unknown = advance(&v, &current, new_plan(vec![20, 13], f64::NAN)).expect("valid");
     assert_eq!(unknown.predicted_step_seconds, None);
     assert_eq!(
