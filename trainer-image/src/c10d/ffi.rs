@@ -1,0 +1,106 @@
+//! The C++ shim's functions (csrc/c10d_shim.cpp).
+
+use std::ffi::{c_char, c_int, c_void};
+
+pub(super) const ERR_LEN: usize = 2048;
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ht_pg_create(
+        master_addr: *const c_char,
+        master_port: c_int,
+        rank: c_int,
+        world: c_int,
+        rendezvous_timeout_ms: i64,
+        collective_timeout_ms: i64,
+        bind_host: *const c_char,
+        iface: *const c_char,
+        use_nccl: c_int,
+        gloo_threads: c_int,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_destroy(h: *mut c_void);
+    pub(super) fn ht_pg_has_nccl(h: *mut c_void) -> c_int;
+    pub(super) fn ht_pg_enable_nccl(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    pub(super) fn ht_pg_allreduce_sum(
+        h: *mut c_void,
+        t: *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_allreduce_sum_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_work_wait(
+        h: *mut c_void,
+        work: *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_broadcast(
+        h: *mut c_void,
+        t: *mut c_void,
+        root: c_int,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_broadcast_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        root: c_int,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_allgather(
+        h: *mut c_void,
+        t: *mut c_void,
+        outs: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_barrier(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    pub(super) fn ht_allreduce_sum_autograd(
+        h: *mut c_void,
+        x: *mut c_void,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ht_reducer_create(
+        h: *mut c_void,
+        params: *mut *mut c_void,
+        n: usize,
+        bucket_bytes: i64,
+        first_bucket_bytes: i64,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_reducer_prepare_forward(r: *mut c_void, err: *mut c_char, len: usize)
+        -> c_int;
+    pub(super) fn ht_reducer_prepare_backward(
+        r: *mut c_void,
+        loss: *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_reducer_trace(
+        r: *mut c_void,
+        out: *mut i64,
+        cap: i64,
+        params: *mut i64,
+        compute_ns: *mut i64,
+    ) -> i64;
+    pub(super) fn ht_autograd_collective_ns() -> i64;
+    pub(super) fn ht_reducer_destroy(r: *mut c_void);
+    pub(super) fn ht_set_deterministic(on: c_int);
+    pub(super) fn ht_set_log_level(level: c_int);
+}

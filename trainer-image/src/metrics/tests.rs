@@ -1,0 +1,28 @@
+use super::*;
+
+#[test]
+fn exposes_operator_names_with_values() {
+    let mx = TrainerMetrics::new(None);
+    let tm = StepTimings {
+        data_seconds: 0.01,
+        forward_seconds: 0.02,
+        backward_seconds: 0.03,
+        allreduce_seconds: 0.04,
+        optimizer_seconds: 0.005,
+    };
+    mx.observe_step(3, 0, 16, &tm, 0.11, 1.5);
+    mx.set_plan(2, 16);
+    let text = mx.encode();
+    assert!(text.contains("heterotrain_steps_total 1\n"), "{text}");
+    assert!(text.contains("# TYPE heterotrain_steps_total counter\n"));
+    assert!(!text.contains("# EOF"));
+    assert!(text.contains("heterotrain_samples_total 16\n"));
+    assert!(text.contains("heterotrain_local_batch_size 16\n"));
+    assert!(text.contains("heterotrain_plan_generation 2\n"));
+    assert!(text.contains("heterotrain_phase_seconds_total{phase=\"allreduce\"} 0.04"));
+    assert!(text.contains("heterotrain_compute_seconds_total 0.065"));
+    // No GPU: no GPU series at all.
+    assert!(!text.contains("heterotrain_gpu_"));
+    assert!(process_rss_bytes().unwrap_or(0) > 1 << 20);
+    assert!(process_cpu_seconds().is_some_and(|c| c >= 0.0));
+}
