@@ -46,6 +46,7 @@ pub mod reasons {
     pub const SPEC_ACCEPTED: &str = "SpecAccepted";
     pub const TTL_EXPIRED: &str = "TTLExpired";
     pub const NOT_STARTED: &str = "NotStarted";
+    pub const PLAN_RESTORED: &str = "PlanRestored";
 }
 
 /// One desired condition (without timestamps).

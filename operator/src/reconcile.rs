@@ -77,7 +77,10 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     let t_fetch = t0.elapsed();
 
     let key = JobKey::of(&v);
-    let plan_now = plan::current(&v, &obs.plan);
+    let plan_now = match plan::current(&v, &obs.plan) {
+        Some(p) => Some(p),
+        None => restore_plan(ctx, &v, &obs, &d).await?,
+    };
     let mut extras = ctx
         .rebalancer
         .carry(&key, Extras::with_plan(plan_now.clone()));
@@ -189,6 +192,42 @@ async fn apply_decision(
         apply::delete_job(client, &v.namespace, &v.name).await?;
     }
     Ok(written)
+}
+
+/// A gang that is still there whose plan ConfigMap was deleted or
+/// overwritten with something unusable: the plan the job's status records
+/// is written back at its own generation (the trainers hold it already, so
+/// nothing switches), with a warning Event; later plans number on from it.
+async fn restore_plan(
+    ctx: &Context,
+    v: &ValidatedJob<'_>,
+    obs: &Observed,
+    d: &Decision,
+) -> Result<Option<BatchPlan>> {
+    if d.delete_job || d.complete || obs.pods.is_empty() {
+        return Ok(None);
+    }
+    let Some(p) = plan::from_status(v) else {
+        return Ok(None);
+    };
+    plan::write(&ctx.client, v, &p).await?;
+    let e = EventSpec {
+        warning: true,
+        reason: reasons::PLAN_RESTORED.into(),
+        note: format!(
+            "the plan ConfigMap {}-plan was {}; restored generation {} {:?} from the job's status",
+            v.name,
+            if obs.plan.exists {
+                "unusable"
+            } else {
+                "missing"
+            },
+            p.generation,
+            p.batch_sizes
+        ),
+    };
+    ctx.event(v.job, &e).await;
+    Ok(Some(p))
 }
 
 /// When to reconcile again: what the lifecycle asked for (5 minutes at the

@@ -733,3 +733,61 @@ async fn profiles_give_the_first_plan_and_seed_the_next_job() {
     assert!(p.reason.contains("cached profiles"));
     op.stop().await;
 }
+
+#[tokio::test]
+async fn a_deleted_or_damaged_plan_comes_back_at_its_generation() {
+    use kube::api::{Patch, PatchParams};
+    let env = env("restore").await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    let _ranks = start_fake_ranks(&env, &[0.02, 0.02], 16).await;
+    create_job(
+        &env,
+        &job_from_yaml(&env.ns, &job_yaml("kept", 2, FAST_DECISIONS)),
+    )
+    .await;
+    run_gang(&env, "kept", 2, 0).await;
+    // The status records the plan the gang runs.
+    eventually(Duration::from_secs(20), "batches in status", || async {
+        get_job(&env, "kept").await.filter(|j| {
+            j.status
+                .as_ref()
+                .is_some_and(|s| s.groups.iter().any(|g| g.batch_sizes == [16, 16]))
+        })
+    })
+    .await;
+    let before = plan(&env, "kept").await.expect("plan");
+    let cms: Api<ConfigMap> = Api::namespaced(env.admin.clone(), &env.ns);
+    cms.delete("kept-plan", &DeleteParams::default())
+        .await
+        .expect("delete the plan");
+    let back = eventually(Duration::from_secs(20), "the plan restored", || async {
+        plan(&env, "kept").await
+    })
+    .await;
+    assert_eq!(
+        (back.generation, &back.batch_sizes),
+        (before.generation, &before.batch_sizes)
+    );
+    assert!(back.reason.contains("restored"), "{back:?}");
+    // Garbage in the ConfigMap is replaced the same way.
+    let garbage = serde_json::json!({"data": {heterotrain_crds::PLAN_KEY: "{not a plan"}});
+    cms.patch(
+        "kept-plan",
+        &PatchParams::default(),
+        &Patch::Merge(&garbage),
+    )
+    .await
+    .expect("damage the plan");
+    let again = eventually(Duration::from_secs(20), "the plan repaired", || async {
+        plan(&env, "kept").await
+    })
+    .await;
+    assert_eq!(again.generation, before.generation);
+    let restored: Vec<_> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("PlanRestored"))
+        .collect();
+    assert!(!restored.is_empty(), "no PlanRestored event");
+    op.stop().await;
+}

@@ -60,6 +60,33 @@ pub fn current(v: &ValidatedJob, stored: &Stored) -> Option<BatchPlan> {
     stored.plan.clone().filter(|p| check(v, p).is_ok())
 }
 
+/// The plan the job's status records (its generation and each group's
+/// batches), when it is valid for the job: what the trainers run when the
+/// plan ConfigMap was deleted or overwritten with something unusable.
+pub fn from_status(v: &ValidatedJob) -> Option<BatchPlan> {
+    let status = v.job.status.as_ref()?;
+    let workers = &v.spec().workers;
+    let batch_sizes = v
+        .layout
+        .iter()
+        .map(|&(g, k)| {
+            let name = &workers.get(g)?.name;
+            let group = status.groups.iter().find(|s| &s.name == name)?;
+            group.batch_sizes.get(k as usize).copied()
+        })
+        .collect::<Option<Vec<u32>>>()?;
+    let plan = BatchPlan {
+        generation: status.plan_generation,
+        global_batch_size: v.global_batch,
+        batch_sizes,
+        policy: v.policy.as_str().to_string(),
+        reason: "restored from the job's status: the plan ConfigMap was missing or unusable".into(),
+        predicted_step_seconds: None,
+        predicted_communication_seconds: None,
+    };
+    check(v, &plan).ok().map(|_| plan)
+}
+
 /// The equal split of B over the job's ranks, at `generation`.
 pub fn equal(v: &ValidatedJob, generation: u64) -> BatchPlan {
     BatchPlan::equal(generation, v.global_batch, v.ranks())
@@ -78,7 +105,14 @@ pub fn born(
     if let Some(p) = current {
         return p.clone();
     }
-    let mut plan = equal(v, stored_generation.map_or(0, |g| g + 1));
+    let status_generation = v
+        .job
+        .status
+        .as_ref()
+        .map(|s| s.plan_generation)
+        .filter(|&g| g > 0);
+    let last = stored_generation.max(status_generation);
+    let mut plan = equal(v, last.map_or(0, |g| g + 1));
     if v.policy == Policy::Static {
         return plan;
     }

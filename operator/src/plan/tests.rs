@@ -163,3 +163,54 @@ fn configmap_is_owned_and_named_after_the_job() {
     let back = read(Some(&cm));
     assert_eq!(back.plan.map(|p| p.batch_sizes), Some(vec![32, 32, 32]));
 }
+
+/// `minimal.yaml` (2 ranks of group `cpu`, B = 33) with a status that
+/// records plan generation `generation` and the group's `batches`.
+fn with_status(generation: u64, batches: &[u32]) -> heterotrain_crds::HeteroTrainingJob {
+    let mut job = fixture("minimal.yaml");
+    job.status = Some(heterotrain_crds::HeteroTrainingJobStatus {
+        plan_generation: generation,
+        groups: vec![heterotrain_crds::GroupStatus {
+            name: "cpu".into(),
+            batch_sizes: batches.to_vec(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    job
+}
+
+#[test]
+fn a_lost_plan_comes_back_from_the_status_at_its_generation() {
+    let job = with_status(4, &[25, 8]);
+    let v = valid(&job);
+    let p = from_status(&v).expect("restorable");
+    assert_eq!(p.generation, 4);
+    assert_eq!(p.batch_sizes, [25, 8]);
+    assert_eq!(p.global_batch_size, 33);
+    assert!(p.reason.contains("restored"), "{}", p.reason);
+    // The next plan numbers on from it.
+    let next = advance(&v, &p, new_plan(vec![20, 13], 0.5)).expect("valid");
+    assert_eq!(next.generation, 5);
+    // Nothing to restore: no status, no batches yet, or batches that no
+    // longer fit the job (B changed).
+    assert_eq!(from_status(&valid(&fixture("minimal.yaml"))), None);
+    assert_eq!(from_status(&valid(&with_status(0, &[]))), None);
+    assert_eq!(from_status(&valid(&with_status(4, &[25, 7]))), None);
+    assert_eq!(from_status(&valid(&with_status(4, &[33]))), None);
+}
+
+#[test]
+fn a_new_plan_numbers_after_the_generation_the_status_saw() {
+    // The ConfigMap is gone and the status cannot be restored from (its
+    // batches no longer sum to B): the new plan still outnumbers the
+    // generation the trainers last saw, so they accept it.
+    let job = with_status(6, &[30, 2]);
+    let v = valid(&job);
+    assert_eq!(born(&v, None, None, None).generation, 7);
+    assert_eq!(born(&v, None, Some(9), None).generation, 10);
+    assert_eq!(
+        born(&valid(&fixture("minimal.yaml")), None, None, None).generation,
+        0
+    );
+}
