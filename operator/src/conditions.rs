@@ -47,6 +47,7 @@ pub mod reasons {
     pub const TTL_EXPIRED: &str = "TTLExpired";
     pub const NOT_STARTED: &str = "NotStarted";
     pub const PLAN_RESTORED: &str = "PlanRestored";
+    pub const FOREIGN_PODS: &str = "ForeignPods";
 }
 
 /// One desired condition (without timestamps).

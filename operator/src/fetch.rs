@@ -37,6 +37,8 @@ pub struct RankPod {
     pub message: Option<String>,
     /// The spec-hash annotation.
     pub spec_hash: Option<String>,
+    /// UID of the pod's controller (the job that created it).
+    pub controller_uid: Option<String>,
 }
 
 impl RankPod {
@@ -80,6 +82,11 @@ impl RankPod {
                 .and_then(|t| t.message.clone())
                 .or_else(|| status.and_then(|s| s.message.clone())),
             spec_hash: pod.annotations().get(names::SPEC_HASH_ANNOTATION).cloned(),
+            controller_uid: pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone()),
         }
     }
 }
@@ -87,13 +94,25 @@ impl RankPod {
 /// A job's children as they are now.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
+    /// The job's own rank pods (controlled by this job's UID).
     pub pods: Vec<RankPod>,
+    /// Pods with the job's labels that this job does not control: left by
+    /// an earlier job of the same name deleted with `--cascade=orphan`, or
+    /// made by hand. Never adopted: they are deleted.
+    pub foreign: Vec<RankPod>,
     /// The plan ConfigMap, as read.
     pub plan: plan::Stored,
 }
 
-/// Read pods (by job label) and the plan ConfigMap of `job` in `namespace`.
-pub async fn fetch(client: &Client, namespace: &str, job: &str) -> Result<Observed> {
+/// Split pods into those controlled by the job with `uid` and the others.
+pub fn split_by_owner(pods: Vec<RankPod>, uid: &str) -> (Vec<RankPod>, Vec<RankPod>) {
+    pods.into_iter()
+        .partition(|p| p.controller_uid.as_deref() == Some(uid))
+}
+
+/// Read pods (by job label) and the plan ConfigMap of the job `job` with
+/// UID `uid` in `namespace`.
+pub async fn fetch(client: &Client, namespace: &str, job: &str, uid: &str) -> Result<Observed> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     // From the API server's watch cache (resourceVersion 0), which filters
     // by label in memory: a quorum list would read every pod of the
@@ -109,8 +128,10 @@ pub async fn fetch(client: &Client, namespace: &str, job: &str) -> Result<Observ
         .await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let cm = cms.get_opt(&names::plan_configmap(job)).await?;
+    let (pods, foreign) = split_by_owner(list.items.iter().map(RankPod::from_pod).collect(), uid);
     Ok(Observed {
-        pods: list.items.iter().map(RankPod::from_pod).collect(),
+        pods,
+        foreign,
         plan: plan::read(cm.as_ref()),
     })
 }

@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::events::{self, EventSpec};
 use crate::fetch::{self, Observed};
 use crate::lifecycle::{self, Decision};
-use crate::names::labels;
+use crate::names::{self, labels};
 use crate::rebalance::JobKey;
 use crate::status::{self, Extras};
 use crate::validate::{self, Checked, ValidatedJob};
@@ -72,8 +72,9 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     };
     let mut status = status::Writer::new(&ctx.client, job, &v.namespace);
     let t0 = Instant::now();
-    let obs = fetch::fetch(&ctx.client, &v.namespace, &v.name).await?;
-    let d = lifecycle::decide(&v, &obs, &now);
+    let obs = fetch::fetch(&ctx.client, &v.namespace, &v.name, v.uid()).await?;
+    let mut d = lifecycle::decide(&v, &obs, &now);
+    remove_foreign(ctx, &v, &obs, &mut d).await?;
     let t_fetch = t0.elapsed();
 
     let key = JobKey::of(&v);
@@ -192,6 +193,48 @@ async fn apply_decision(
         apply::delete_job(client, &v.namespace, &v.name).await?;
     }
     Ok(written)
+}
+
+/// Pods with the job's labels that another job (an earlier one of the same
+/// name, deleted with `--cascade=orphan`) controls are deleted, never
+/// adopted; a rank whose name such a pod still holds is created once it
+/// is gone.
+async fn remove_foreign(
+    ctx: &Context,
+    v: &ValidatedJob<'_>,
+    obs: &Observed,
+    d: &mut Decision,
+) -> Result<()> {
+    if obs.foreign.is_empty() {
+        return Ok(());
+    }
+    let taken: Vec<&str> = obs.foreign.iter().map(|p| p.name.as_str()).collect();
+    let before = d.create_ranks.len();
+    d.create_ranks
+        .retain(|&r| !taken.contains(&names::pod_name(&v.name, r).as_str()));
+    if d.create_ranks.len() != before {
+        d.requeue(Duration::from_secs(1));
+    }
+    let stale: Vec<String> = obs
+        .foreign
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.name.clone())
+        .collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    apply::delete_pods(&ctx.client, &v.namespace, &stale).await?;
+    let e = EventSpec {
+        warning: true,
+        reason: reasons::FOREIGN_PODS.into(),
+        note: format!(
+            "deleted pod(s) {} carrying this job's labels but not created by it (an earlier job of the same name?)",
+            stale.join(", ")
+        ),
+    };
+    ctx.event(v.job, &e).await;
+    Ok(())
 }
 
 /// A gang that is still there whose plan ConfigMap was deleted or

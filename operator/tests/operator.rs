@@ -791,3 +791,56 @@ async fn a_deleted_or_damaged_plan_comes_back_at_its_generation() {
     assert!(!restored.is_empty(), "no PlanRestored event");
     op.stop().await;
 }
+
+#[tokio::test]
+async fn pods_the_job_did_not_create_are_deleted_not_adopted() {
+    let env = env("foreign").await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    // A pod with the job's labels and a rank's name but no owner: what an
+    // earlier job of the same name deleted with --cascade=orphan leaves.
+    let stray: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "again-0",
+            "labels": {"heterotrain.dev/job": "again", "heterotrain.dev/rank": "0",
+                       "app.kubernetes.io/managed-by": "heterotrain-operator"},
+        },
+        "spec": {"containers": [{"name": "trainer", "image": "example.org/old:1"}]},
+    }))
+    .expect("pod");
+    let api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    api.create(&PostParams::default(), &stray)
+        .await
+        .expect("stray pod");
+    let job = create_job(&env, &job_from_yaml(&env.ns, &job_yaml("again", 2, ""))).await;
+    let uid = job.metadata.uid.expect("uid");
+    // The stray pod goes, and the job creates its own rank 0 in its place.
+    eventually(Duration::from_secs(30), "the job's own 2 pods", || async {
+        let p = pods(&env, "again").await;
+        let owned = p
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == uid && o.controller == Some(true))
+            })
+            .count();
+        (owned == 2 && p.len() == 2).then_some(())
+    })
+    .await;
+    let rank0 = api.get("again-0").await.expect("rank 0");
+    let image = rank0.spec.expect("spec").containers[0].image.clone();
+    assert_ne!(
+        image.as_deref(),
+        Some("example.org/old:1"),
+        "adopted the stray pod"
+    );
+    let foreign: Vec<_> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ForeignPods"))
+        .collect();
+    assert!(!foreign.is_empty(), "no ForeignPods event");
+    op.stop().await;
+}

@@ -86,7 +86,7 @@ impl Decision {
         });
     }
 
-    pub(super) fn requeue(&mut self, d: Duration) {
+    pub fn requeue(&mut self, d: Duration) {
         self.requeue_after = Some(self.requeue_after.map_or(d, |r| r.min(d)));
     }
 }

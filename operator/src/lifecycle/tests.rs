@@ -38,6 +38,7 @@ impl Case {
     fn observed(&self) -> Observed {
         Observed {
             pods: self.pods.iter().map(RankPod::from_pod).collect(),
+            foreign: Vec::new(),
             plan: Stored {
                 exists: self.plan.is_some(),
                 plan: self.plan.clone(),
