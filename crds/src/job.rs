@@ -9,7 +9,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -137,6 +141,48 @@ pub struct WorkerGroup {
     /// Extra environment variables for this group's trainers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Environment variables taken whole from ConfigMaps or Secrets
+    /// (`configMapRef` / `secretRef`, optional `prefix`), as in a container's
+    /// `envFrom`. Variables the operator sets (RANK, WORLD_SIZE, MASTER_ADDR,
+    /// …) always win over these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Extra pod volumes, referenced by `volumeMounts`. Only the kinds the
+    /// PodSecurity `restricted` profile allows: configMap, secret,
+    /// persistentVolumeClaim, emptyDir, projected, downwardAPI, csi,
+    /// ephemeral (no hostPath). Names `scratch`, `checkpoints`, `data` and
+    /// `dshm` are the operator's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Extra mounts into the trainer container; each names one of `volumes`.
+    /// A mountPath may not be one the operator uses (`/scratch`, the
+    /// checkpoint path, the dataset path with `claimName`, `/dev/shm` with
+    /// `shmSize`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Secrets holding registry credentials to pull this group's image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// PriorityClass of this group's pods (scheduling priority and preemption).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// RuntimeClass of this group's pods, e.g. `nvidia` for a GPU container
+    /// runtime that is not the node's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
+    /// Extra labels on this group's pods. Keys under `heterotrain.dev/` and
+    /// `app.kubernetes.io/managed-by` are the operator's and are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+    /// Extra annotations on this group's pods. Keys under `heterotrain.dev/`
+    /// are the operator's and are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Size of `/dev/shm` (a memory-backed emptyDir with this sizeLimit),
+    /// e.g. `2Gi`; counts against the pod's memory limit. Data loaders and
+    /// NCCL need more shared memory than the runtime's 64Mi default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<Quantity>,
 }
 
 /// Device a group trains on.

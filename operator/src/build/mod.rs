@@ -3,6 +3,7 @@
 //! plan ConfigMap is rendered and written by [`crate::plan`].)
 
 pub mod args;
+pub mod custom;
 pub mod hash;
 pub mod pod;
 pub mod service;

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::args::{data_dir, trainer_args, TRAINER_BINARY};
+use super::custom::{merged, with_user_volumes};
 use super::hash::spec_hash;
 use super::BuildInputs;
 use crate::error::{Error, Result};
@@ -114,6 +115,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         volumes.push(claim("data", c, true));
         mounts.push(mount("data", &dir, true));
     }
+    let (volumes, mounts) = with_user_volumes(g, volumes, mounts);
 
     let port = |n: &str, p: u16| ContainerPort {
         name: Some(n.into()),
@@ -132,6 +134,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         command: Some(vec![TRAINER_BINARY.into()]),
         args: Some(trainer_args(spec, g)),
         env: Some(env_vars),
+        env_from: (!g.env_from.is_empty()).then(|| g.env_from.clone()),
         ports: Some(vec![
             port("metrics", spec.metrics_port),
             port("rendezvous", spec.master_port),
@@ -156,11 +159,11 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(v.namespace.clone()),
-            labels: Some(pod_labels),
-            annotations: Some(BTreeMap::from([(
-                names::SPEC_HASH_ANNOTATION.to_string(),
-                spec_hash(spec),
-            )])),
+            labels: Some(merged(&g.pod_labels, pod_labels)),
+            annotations: Some(merged(
+                &g.pod_annotations,
+                BTreeMap::from([(names::SPEC_HASH_ANNOTATION.to_string(), spec_hash(spec))]),
+            )),
             owner_references: Some(vec![v.owner.clone()]),
             ..Default::default()
         },
@@ -176,6 +179,10 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
             node_selector: (!g.node_selector.is_empty()).then(|| g.node_selector.clone()),
             affinity: g.affinity.clone(),
             tolerations: (!g.tolerations.is_empty()).then(|| g.tolerations.clone()),
+            image_pull_secrets: (!g.image_pull_secrets.is_empty())
+                .then(|| g.image_pull_secrets.clone()),
+            priority_class_name: g.priority_class_name.clone(),
+            runtime_class_name: g.runtime_class_name.clone(),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
                 run_as_user: Some(RUN_AS),

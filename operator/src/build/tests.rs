@@ -5,6 +5,7 @@ use heterotrain_crds::{BatchPlan, PLAN_KEY};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 
 use super::*;
+use crate::names;
 use crate::plan;
 use crate::testing::{fixture, valid};
 use crate::validate;
@@ -310,4 +311,162 @@ fn missing_uid_is_an_error_not_a_panic() {
     job.metadata.uid = None;
     let err = validate::check(&job, None).expect_err("no uid");
     assert_eq!(err.metric_label(), "missing_field");
+}
+
+#[test]
+fn group_pod_customisation_lands_in_its_pods() {
+    let job = fixture("custom.yaml");
+    let d = desired(&valid(&job), &inputs(2)).expect("build");
+    assert_eq!(d.pods.len(), 3);
+    for (rank, pod) in d.pods[..2].iter().enumerate() {
+        let spec = pod.spec.as_ref().expect("spec");
+        let c = &spec.containers[0];
+        // Extra volumes and mounts, after the operator's own.
+        let vols = spec.volumes.as_ref().expect("volumes");
+        let vol_names: Vec<&str> = vols.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            vol_names,
+            ["scratch", "checkpoints", "dshm", "tokenizer", "hf-token"]
+        );
+        let tok = vols.iter().find(|v| v.name == "tokenizer").expect("vol");
+        assert_eq!(
+            tok.config_map.as_ref().map(|c| c.name.as_str()),
+            Some("tokenizer-files")
+        );
+        let secret = vols.iter().find(|v| v.name == "hf-token").expect("vol");
+        assert_eq!(
+            secret
+                .secret
+                .as_ref()
+                .and_then(|s| s.secret_name.as_deref()),
+            Some("hf-token")
+        );
+        let mounts = c.volume_mounts.as_ref().expect("mounts");
+        let m = mounts
+            .iter()
+            .find(|m| m.name == "tokenizer")
+            .expect("mount");
+        assert_eq!(m.mount_path, "/etc/tokenizer");
+        assert_eq!(m.read_only, Some(true));
+        assert!(mounts
+            .iter()
+            .any(|m| m.name == "hf-token" && m.mount_path == "/var/run/secrets/hf"));
+        // /dev/shm: a memory-backed emptyDir with the group's size.
+        let shm = vols.iter().find(|v| v.name == "dshm").expect("shm volume");
+        let ed = shm.empty_dir.as_ref().expect("emptyDir");
+        assert_eq!(ed.medium.as_deref(), Some("Memory"));
+        assert_eq!(ed.size_limit.as_ref().map(|q| q.0.as_str()), Some("2Gi"));
+        assert!(mounts
+            .iter()
+            .any(|m| m.name == "dshm" && m.mount_path == "/dev/shm" && m.read_only.is_none()));
+        // Pull secret, priority and runtime class.
+        let secrets: Vec<&str> = spec
+            .image_pull_secrets
+            .as_ref()
+            .expect("pull secrets")
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(secrets, ["registry-creds"]);
+        assert_eq!(spec.priority_class_name.as_deref(), Some("training-high"));
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+        // Labels and annotations merged with the operator's own.
+        let l = pod.metadata.labels.as_ref().expect("labels");
+        assert_eq!(l["team"], "vision");
+        assert_eq!(l["cost-centre"], "4711");
+        assert_eq!(l["heterotrain.dev/job"], "custom");
+        assert_eq!(l["heterotrain.dev/rank"], rank.to_string());
+        assert_eq!(l["heterotrain.dev/group"], "gpu");
+        assert_eq!(l["heterotrain.dev/restart"], "2");
+        assert_eq!(l.len(), 7, "{l:?}");
+        let a = pod.metadata.annotations.as_ref().expect("annotations");
+        assert_eq!(a["sidecar.istio.io/inject"], "false");
+        assert_eq!(a["example.org/owner"], "vision-team");
+        assert_eq!(a["heterotrain.dev/spec-hash"], hash::spec_hash(&job.spec));
+        // envFrom, next to the operator's env.
+        let from = c.env_from.as_ref().expect("envFrom");
+        assert_eq!(from.len(), 2);
+        assert_eq!(
+            from[0].config_map_ref.as_ref().map(|r| r.name.as_str()),
+            Some("training-settings")
+        );
+        assert_eq!(
+            from[1].secret_ref.as_ref().map(|r| r.name.as_str()),
+            Some("wandb")
+        );
+        assert_eq!(from[1].prefix.as_deref(), Some("WANDB_"));
+        assert_eq!(env_value(pod, "RANK"), Some(rank.to_string()));
+        // The restricted security context is untouched.
+        let sc = c.security_context.as_ref().expect("security context");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(
+            spec.security_context
+                .as_ref()
+                .and_then(|s| s.run_as_non_root),
+            Some(true)
+        );
+    }
+    // The plain group gets none of it.
+    let plain = d.pods[2].spec.as_ref().expect("spec");
+    let names: Vec<&str> = plain
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(names, ["scratch", "checkpoints"]);
+    assert!(plain.image_pull_secrets.is_none());
+    assert!(plain.priority_class_name.is_none());
+    assert!(plain.runtime_class_name.is_none());
+    assert!(plain.containers[0].env_from.is_none());
+    let l = d.pods[2].metadata.labels.as_ref().expect("labels");
+    assert!(!l.contains_key("team"));
+    assert_eq!(
+        d.pods[2].metadata.annotations.as_ref().map(|a| a.len()),
+        Some(1)
+    );
+}
+
+#[test]
+fn operator_keys_win_over_group_labels_and_annotations() {
+    // Validation refuses these keys; the build still lets the operator win.
+    let own = names::common_labels("j");
+    let user = std::collections::BTreeMap::from([
+        ("heterotrain.dev/job".to_string(), "other".to_string()),
+        ("team".to_string(), "a".to_string()),
+    ]);
+    let m = custom::merged(&user, own);
+    assert_eq!(m["heterotrain.dev/job"], "j");
+    assert_eq!(m["team"], "a");
+    assert_eq!(m["app.kubernetes.io/managed-by"], "heterotrain-operator");
+}
+
+#[test]
+fn operator_mounts_are_the_mounts_the_pod_gets() {
+    for (file, group) in [("custom.yaml", 0), ("mixed.yaml", 1), ("minimal.yaml", 0)] {
+        let job = fixture(file);
+        let v = valid(&job);
+        let g = &job.spec.workers[group];
+        let rank = v
+            .layout
+            .iter()
+            .position(|&(gi, _)| gi == group)
+            .expect("rank");
+        let pod = pod::pod(&v, &inputs(0), rank as u32, group).expect("pod");
+        let own: Vec<(String, String)> = pod.spec.as_ref().expect("spec").containers[0]
+            .volume_mounts
+            .as_ref()
+            .expect("mounts")
+            .iter()
+            .filter(|m| !g.volume_mounts.iter().any(|u| u.name == m.name))
+            .map(|m| (m.name.clone(), m.mount_path.clone()))
+            .collect();
+        let expect: Vec<(String, String)> = custom::operator_mounts(&job.spec, g)
+            .into_iter()
+            .map(|(n, p)| (n.to_string(), p))
+            .collect();
+        assert_eq!(own, expect, "{file}");
+    }
 }

@@ -3,6 +3,7 @@
 //! later stages (lifecycle, build, plan, rebalancing, status) read instead
 //! of re-checking `metadata` and re-deriving sizes from `spec`.
 
+mod pod_rules;
 mod rules;
 
 use heterotrain_balancer::Policy;

@@ -163,6 +163,7 @@ pub fn validate(
                 );
             }
         }
+        super::pod_rules::check_group(spec, i, g, &mut bad);
     }
     if spec.backend == Backend::Nccl {
         for g in spec.workers.iter().filter(|g| g.device == Device::Cpu) {

@@ -131,3 +131,185 @@ fn check_separates_a_bad_spec_from_missing_metadata() {
     let err = check(&no_ns, None).expect_err("no namespace");
     assert_eq!(err.to_string(), "object is missing metadata.namespace");
 }
+
+/// `spec.workers[0]` of the base job with `group` merged in, validated.
+fn group_problems(group: serde_json::Value) -> Result<(), Vec<Problem>> {
+    let mut v = base();
+    let mut g = serde_json::json!({"name": "cpu", "replicas": 4});
+    merge(&mut g, &group);
+    v["spec"]["workers"] = serde_json::json!([g]);
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("schema-valid job");
+    validate("job", &job.spec, None)
+}
+
+#[test]
+fn pod_customisation_that_fits_is_valid() {
+    let ok = group_problems(serde_json::json!({
+        "volumes": [
+            {"name": "cfg", "configMap": {"name": "c"}},
+            {"name": "cache", "persistentVolumeClaim": {"claimName": "hf-cache"}},
+            {"name": "tmp", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}}
+        ],
+        "volumeMounts": [
+            {"name": "cfg", "mountPath": "/etc/cfg"},
+            {"name": "cache", "mountPath": "/cache/"},
+            {"name": "tmp", "mountPath": "/dev/shm"}
+        ],
+        "imagePullSecrets": [{"name": "regcred"}],
+        "priorityClassName": "high",
+        "runtimeClassName": "nvidia",
+        "podLabels": {"team": "a", "example.org/tier": "gold"},
+        "podAnnotations": {"example.org/note": "anything: goes here"},
+        "envFrom": [{"configMapRef": {"name": "settings"}}]
+    }));
+    // Without shmSize, a group may mount its own volume at /dev/shm.
+    assert_eq!(ok, Ok(()));
+    assert_eq!(
+        group_problems(serde_json::json!({"shmSize": "512Mi"})),
+        Ok(())
+    );
+    // The fixture with every field set is valid too.
+    let job = crate::testing::fixture("custom.yaml");
+    assert_eq!(validate("custom", &job.spec, None), Ok(()));
+}
+
+#[test]
+fn pod_customisation_problems_name_their_field() {
+    let cfg = serde_json::json!({"name": "cfg", "configMap": {"name": "c"}});
+    let cases = [
+        (
+            serde_json::json!({"volumes": [{"name": "scratch", "emptyDir": {}}]}),
+            "spec.workers[0].volumes[0].name",
+            "volume name \"scratch\" is one the operator adds",
+        ),
+        (
+            serde_json::json!({"volumes": [cfg, {"name": "cfg", "secret": {"secretName": "s"}}]}),
+            "spec.workers[0].volumes[1].name",
+            "is used twice",
+        ),
+        (
+            serde_json::json!({"volumes": [{"name": "host", "hostPath": {"path": "/var/lib"}}]}),
+            "spec.workers[0].volumes[0].hostPath",
+            "hostPath volume, which rank pods may not use",
+        ),
+        (
+            serde_json::json!({"volumes": [{"name": "n", "nfs": {"server": "s", "path": "/x"}}]}),
+            "spec.workers[0].volumes[0].nfs",
+            "of kind nfs, which PodSecurity restricted refuses",
+        ),
+        (
+            serde_json::json!({"volumes": [cfg], "volumeMounts": [{"name": "cfg", "mountPath": "/scratch/"}]}),
+            "spec.workers[0].volumeMounts[0].mountPath",
+            "where the operator mounts its \"scratch\" volume",
+        ),
+        (
+            serde_json::json!({"volumes": [cfg], "volumeMounts": [{"name": "cfg", "mountPath": "/checkpoints"}]}),
+            "spec.workers[0].volumeMounts[0].mountPath",
+            "its \"checkpoints\" volume",
+        ),
+        (
+            serde_json::json!({"shmSize": "1Gi", "volumes": [cfg], "volumeMounts": [{"name": "cfg", "mountPath": "/dev/shm"}]}),
+            "spec.workers[0].volumeMounts[0].mountPath",
+            "shmSize already mounts /dev/shm",
+        ),
+        (
+            serde_json::json!({"volumes": [cfg], "volumeMounts": [{"name": "cfg", "mountPath": "etc/cfg"}]}),
+            "spec.workers[0].volumeMounts[0].mountPath",
+            "must be an absolute path",
+        ),
+        (
+            serde_json::json!({"volumes": [cfg], "volumeMounts": [{"name": "cfg", "mountPath": "/a"}, {"name": "cfg", "mountPath": "/a/"}]}),
+            "spec.workers[0].volumeMounts[1].mountPath",
+            "is mounted twice",
+        ),
+        (
+            serde_json::json!({"volumeMounts": [{"name": "missing", "mountPath": "/m"}]}),
+            "spec.workers[0].volumeMounts[0].name",
+            "\"missing\", which is not among spec.workers[0].volumes",
+        ),
+        (
+            serde_json::json!({"podLabels": {"heterotrain.dev/rank": "0"}}),
+            "spec.workers[0].podLabels",
+            "label \"heterotrain.dev/rank\" is set by the operator",
+        ),
+        (
+            serde_json::json!({"podLabels": {"app.kubernetes.io/managed-by": "me"}}),
+            "spec.workers[0].podLabels",
+            "\"app.kubernetes.io/managed-by\" is set by the operator",
+        ),
+        (
+            serde_json::json!({"podLabels": {"team": "not a value"}}),
+            "spec.workers[0].podLabels",
+            "not a valid label value",
+        ),
+        (
+            serde_json::json!({"podAnnotations": {"heterotrain.dev/spec-hash": "x"}}),
+            "spec.workers[0].podAnnotations",
+            "annotation \"heterotrain.dev/spec-hash\" is set by the operator",
+        ),
+        (
+            serde_json::json!({"shmSize": "2GB"}),
+            "spec.workers[0].shmSize",
+            "shmSize \"2GB\" is not a positive Kubernetes quantity",
+        ),
+        (
+            serde_json::json!({"shmSize": "0"}),
+            "spec.workers[0].shmSize",
+            "not a positive Kubernetes quantity",
+        ),
+        (
+            serde_json::json!({"priorityClassName": "High_Prio"}),
+            "spec.workers[0].priorityClassName",
+            "\"High_Prio\" is not a valid object name",
+        ),
+        (
+            serde_json::json!({"runtimeClassName": "Nvidia"}),
+            "spec.workers[0].runtimeClassName",
+            "\"Nvidia\" is not a valid object name",
+        ),
+        (
+            serde_json::json!({"imagePullSecrets": [{"name": "Bad Name"}]}),
+            "spec.workers[0].imagePullSecrets[0].name",
+            "is not a valid Secret name",
+        ),
+    ];
+    for (group, field, phrase) in cases {
+        let problems = group_problems(group.clone()).expect_err(phrase);
+        assert_eq!(problems.len(), 1, "{group}: {problems:?}");
+        assert_eq!(problems[0].field, field, "{group}");
+        assert!(
+            problems[0].message.contains(phrase),
+            "expected {phrase:?} in {:?}",
+            problems[0].message
+        );
+    }
+}
+
+#[test]
+fn a_dataset_claim_path_is_the_operators() {
+    let mut v = base();
+    merge(
+        &mut v["spec"],
+        &serde_json::json!({
+            "dataset": {"name": "mnist", "path": "/data/mnist", "claimName": "mnist"},
+            "workers": [{"name": "cpu", "replicas": 4,
+                "volumes": [{"name": "cfg", "configMap": {"name": "c"}}],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/data/mnist"}]}]
+        }),
+    );
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    let p = validate("job", &job.spec, None).expect_err("collides with the data mount");
+    assert_eq!(p[0].field, "spec.workers[0].volumeMounts[0].mountPath");
+    assert!(p[0].message.contains("its \"data\" volume"), "{p:?}");
+}
+
+#[test]
+fn pod_customisation_example_is_valid() {
+    let text = include_str!("../../../examples/pod-customisation.yaml");
+    let job: HeteroTrainingJob = serde_yaml::from_str(text).expect("example parses");
+    let g = &job.spec.workers[0];
+    assert_eq!(g.shm_size.as_ref().map(|q| q.0.as_str()), Some("4Gi"));
+    assert_eq!(g.volumes.len(), 2);
+    assert_eq!(g.env_from.len(), 2);
+    assert_eq!(validate("pod-customisation", &job.spec, None), Ok(()));
+}

@@ -49,6 +49,16 @@ pub fn cluster() -> &'static LocalCluster {
                 crds.create(&PostParams::default(), &HeteroTrainingJob::crd())
                     .await
                     .expect("create CRD");
+                // Served only once Established; a job created before that gets a 404.
+                let established = kube::runtime::wait::await_condition(
+                    crds.clone(),
+                    "heterotrainingjobs.heterotrain.dev",
+                    kube::runtime::wait::conditions::is_crd_established(),
+                );
+                tokio::time::timeout(Duration::from_secs(30), established)
+                    .await
+                    .expect("CRD established within 30s")
+                    .expect("watch CRD");
                 let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
                 roles
                     .create(&PostParams::default(), &rbac::cluster_role())
