@@ -106,9 +106,12 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
 
     let mut volumes = vec![empty_dir("scratch")];
     let mut mounts = vec![mount("scratch", names::SCRATCH_DIR, false)];
-    volumes.push(match &spec.checkpoint.claim_name {
-        Some(c) => claim("checkpoints", c, false),
-        None => empty_dir("checkpoints"),
+    // Only rank 0 reads and writes checkpoints (resumed state reaches the
+    // other ranks over c10d), so only rank 0 mounts the claim: a
+    // ReadWriteOnce claim then works for a gang spread over nodes.
+    volumes.push(match (&spec.checkpoint.claim_name, rank) {
+        (Some(c), 0) => claim("checkpoints", c, false),
+        _ => empty_dir("checkpoints"),
     });
     mounts.push(mount("checkpoints", &spec.checkpoint.path, false));
     if let (Some(c), Some(dir)) = (&spec.dataset.claim_name, data_dir(spec)) {

@@ -137,12 +137,16 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
             .iter()
             .find(|v| v.name == "checkpoints")
             .expect("checkpoint volume");
+        // Only rank 0 (the one that reads and writes checkpoints) mounts
+        // the claim; the others get an empty directory at the same path.
         assert_eq!(
             ckpt.persistent_volume_claim
                 .as_ref()
                 .map(|p| p.claim_name.as_str()),
-            Some("ckpt")
+            (rank == 0).then_some("ckpt"),
+            "rank {rank}"
         );
+        assert_eq!(ckpt.empty_dir.is_some(), rank != 0, "rank {rank}");
         let ports = c.ports.as_ref().expect("ports");
         assert!(ports
             .iter()
