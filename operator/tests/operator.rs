@@ -804,13 +804,16 @@ async fn pods_the_job_did_not_create_are_deleted_not_adopted() {
             "labels": {"heterotrain.dev/job": "again", "heterotrain.dev/rank": "0",
                        "app.kubernetes.io/managed-by": "heterotrain-operator"},
         },
-        "spec": {"containers": [{"name": "trainer", "image": "example.org/old:1"}]},
+        "spec": {"automountServiceAccountToken": false,
+                 "containers": [{"name": "trainer", "image": "example.org/old:1"}]},
     }))
     .expect("pod");
     let api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    api.create(&PostParams::default(), &stray)
-        .await
-        .expect("stray pod");
+    // A new namespace's default ServiceAccount may not exist yet: retry.
+    eventually(Duration::from_secs(20), "the stray pod created", || async {
+        api.create(&PostParams::default(), &stray).await.ok()
+    })
+    .await;
     let job = create_job(&env, &job_from_yaml(&env.ns, &job_yaml("again", 2, ""))).await;
     let uid = job.metadata.uid.expect("uid");
     // The stray pod goes, and the job creates its own rank 0 in its place.
