@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::conditions::Desired;
+use crate::conditions::{types, Desired};
 use crate::events::EventSpec;
 
 /// Summary phase for `kubectl get`.
@@ -84,6 +84,19 @@ impl Decision {
             reason: reason.into(),
             note: note.into(),
         });
+    }
+
+    /// The job fails for good (`reason`, `msg`): Failed, not Running, a
+    /// warning Event, and `pods` deleted.
+    pub(super) fn fail(&mut self, reason: &str, msg: String, pods: Vec<String>) {
+        self.phase = JobPhase::Failed;
+        self.delete_pods = pods;
+        self.complete = true;
+        self.conditions
+            .push(Desired::yes(types::FAILED, reason, msg.clone()));
+        self.conditions
+            .push(Desired::no(types::RUNNING, reason, msg.clone()));
+        self.event(true, reason, msg);
     }
 
     pub fn requeue(&mut self, d: Duration) {

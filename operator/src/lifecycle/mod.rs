@@ -133,20 +133,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         let left = limit as f64 - seconds_between(start, now);
         if left <= 0.0 {
             let msg = format!("the job ran longer than activeDeadlineSeconds {limit}");
-            d.phase = JobPhase::Failed;
-            d.delete_pods = all_names;
-            d.complete = true;
-            d.conditions.push(Desired::yes(
-                types::FAILED,
-                reasons::DEADLINE_EXCEEDED,
-                msg.clone(),
-            ));
-            d.conditions.push(Desired::no(
-                types::RUNNING,
-                reasons::DEADLINE_EXCEEDED,
-                msg.clone(),
-            ));
-            d.event(true, reasons::DEADLINE_EXCEEDED, msg);
+            d.fail(reasons::DEADLINE_EXCEEDED, msg, all_names);
             return d;
         }
         d.requeue(Duration::from_secs_f64(left.max(0.1)));
@@ -249,20 +236,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
                 "{why}; backoffLimit {} reached after {restarts} restart(s)",
                 rp.backoff_limit
             );
-            d.phase = JobPhase::Failed;
-            d.delete_pods = still;
-            d.complete = true;
-            d.conditions.push(Desired::yes(
-                types::FAILED,
-                reasons::BACKOFF_LIMIT_EXCEEDED,
-                msg.clone(),
-            ));
-            d.conditions.push(Desired::no(
-                types::RUNNING,
-                reasons::BACKOFF_LIMIT_EXCEEDED,
-                msg.clone(),
-            ));
-            d.event(true, reasons::BACKOFF_LIMIT_EXCEEDED, msg);
+            d.fail(reasons::BACKOFF_LIMIT_EXCEEDED, msg, still);
         }
         return d;
     }
