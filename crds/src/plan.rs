@@ -14,7 +14,9 @@ pub struct BatchPlan {
     pub generation: u64,
     /// Global batch B; must equal the sum of `batch_sizes`.
     pub global_batch_size: u32,
-    /// Local batch of each rank, indexed by rank.
+    /// Local batch of each rank, indexed by rank. 0 leaves a rank out of
+    /// this plan (no samples, no part in the gradient exchange); rank 0,
+    /// which writes checkpoints, always trains.
     pub batch_sizes: Vec<u32>,
     /// Policy that produced the plan (`static`, `proportional`, ...).
     #[serde(default)]
@@ -39,7 +41,7 @@ pub enum PlanError {
     Parse(String),
     #[error("plan has {got} batch sizes but WORLD_SIZE is {world_size}")]
     WrongLength { got: usize, world_size: usize },
-    #[error("plan gives rank {rank} a local batch of 0; every rank needs at least 1")]
+    #[error("plan gives rank 0 a local batch of 0; rank 0 writes checkpoints and must train (other ranks may get 0 to be left out)")]
     ZeroBatch { rank: usize },
     #[error("plan batch sizes sum to {sum} but globalBatchSize is {global}")]
     WrongSum { sum: u64, global: u32 },
@@ -89,7 +91,8 @@ impl BatchPlan {
         Ok(plan)
     }
 
-    /// Check the plan invariants (docs/design.md "Contracts"): one entry per rank, each ≥ 1, sum = B.
+    /// Check the plan invariants (docs/design.md "Contracts"): one entry
+    /// per rank, rank 0's ≥ 1 (others ≥ 0: 0 leaves the rank out), sum = B.
     pub fn validate(&self, world_size: usize) -> Result<(), PlanError> {
         if self.batch_sizes.len() != world_size {
             return Err(PlanError::WrongLength {
@@ -97,8 +100,8 @@ impl BatchPlan {
                 world_size,
             });
         }
-        if let Some(rank) = self.batch_sizes.iter().position(|&b| b == 0) {
-            return Err(PlanError::ZeroBatch { rank });
+        if self.batch_sizes.first() == Some(&0) {
+            return Err(PlanError::ZeroBatch { rank: 0 });
         }
         let sum: u64 = self.batch_sizes.iter().map(|&b| u64::from(b)).sum();
         if sum != u64::from(self.global_batch_size) {
@@ -131,6 +134,20 @@ impl BatchPlan {
             .sum()
     }
 
+    /// The ranks that train under this plan (local batch ≥ 1), in order.
+    pub fn members(&self) -> Vec<usize> {
+        (0..self.batch_sizes.len())
+            .filter(|&r| self.batch_sizes[r] > 0)
+            .collect()
+    }
+
+    /// The ranks this plan leaves out (local batch 0), in order.
+    pub fn left_out(&self) -> Vec<usize> {
+        (0..self.batch_sizes.len())
+            .filter(|&r| self.batch_sizes[r] == 0)
+            .collect()
+    }
+
     /// JSON text as stored in the ConfigMap.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -159,7 +176,7 @@ mod tests {
         let bad = [
             ("garbage", "parse"),
             (
-                r#"{"generation":1,"globalBatchSize":32,"batchSizes":[16,16,0]}"#,
+                r#"{"generation":1,"globalBatchSize":32,"batchSizes":[0,16,16]}"#,
                 "zero_batch",
             ),
             (
@@ -179,6 +196,23 @@ mod tests {
             let err = BatchPlan::parse(text, 3).unwrap_err();
             assert_eq!(err.metric_label(), label, "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn ranks_other_than_zero_may_be_left_out() {
+        let p = BatchPlan::parse(
+            r#"{"generation":2,"globalBatchSize":32,"batchSizes":[20,0,12,0]}"#,
+            4,
+        )
+        .unwrap();
+        assert_eq!(p.members(), vec![0, 2]);
+        assert_eq!(p.left_out(), vec![1, 3]);
+        let err = BatchPlan::parse(
+            r#"{"generation":2,"globalBatchSize":32,"batchSizes":[0,32]}"#,
+            2,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("rank 0"), "{err}");
     }
 
     proptest! {
