@@ -27,6 +27,9 @@ struct HtGroup {
   std::chrono::milliseconds timeout;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> gloo;
+  // How the Gloo group was built, for sub-groups of it.
+  std::shared_ptr<::gloo::transport::Device> device;
+  int threads = 2;
 #ifdef HT_USE_NCCL
   c10::intrusive_ptr<c10d::Backend> nccl;
 #endif
@@ -169,8 +172,10 @@ int ht_pg_create(const char* master_addr, int master_port, int rank, int world,
     g->store = store;
     try {
       auto gopts = c10d::ProcessGroupGloo::Options::create(rdv);
-      gopts->devices.push_back(make_device(bind_host, iface));
-      gopts->threads = gloo_threads > 0 ? gloo_threads : 2;
+      g->device = make_device(bind_host, iface);
+      g->threads = gloo_threads > 0 ? gloo_threads : 2;
+      gopts->devices.push_back(g->device);
+      gopts->threads = g->threads;
       auto gstore = c10::make_intrusive<c10d::PrefixStore>("ht/gloo", store);
       auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(gstore, rank, world, gopts);
       pg->setTimeout(coll);
@@ -199,6 +204,54 @@ int ht_pg_enable_nccl(void* h, char* err, size_t err_len) {
     throw std::runtime_error(
         "backend nccl requested but this trainer was built without the `nccl` feature");
 #endif
+  });
+}
+
+// A group of the `n` ranks in `members` (ascending, this rank among them)
+// over the same store, keyed by `tag`: every member calls it together, the
+// other ranks not at all. Its ranks are positions in `members`.
+int ht_pg_subgroup(void* h, const int* members, int n, const char* tag, void** out,
+                   char* err, size_t err_len) {
+  *out = nullptr;
+  return guarded(err, err_len, [&] {
+    auto g = static_cast<HtGroup*>(h);
+    int sub_rank = -1;
+    for (int i = 0; i < n; ++i) {
+      if (members[i] == g->rank) sub_rank = i;
+    }
+    if (sub_rank < 0) {
+      throw std::runtime_error("rank " + std::to_string(g->rank) +
+                               " is not a member of sub-group " + tag);
+    }
+    auto s = new HtGroup();
+    s->rank = sub_rank;
+    s->world = n;
+    s->timeout = g->timeout;
+    s->store = g->store;
+    s->device = g->device;
+    s->threads = g->threads;
+    try {
+      auto gopts = c10d::ProcessGroupGloo::Options::create(g->timeout);
+      gopts->devices.push_back(g->device);
+      gopts->threads = g->threads;
+      auto key = std::string("ht/sub/") + tag;
+      auto gstore = c10::make_intrusive<c10d::PrefixStore>(key + "/gloo", g->store);
+      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(gstore, sub_rank, n, gopts);
+      pg->setTimeout(g->timeout);
+      s->gloo = pg;
+#ifdef HT_USE_NCCL
+      if (g->nccl) {
+        auto nopts = c10d::ProcessGroupNCCL::Options::create();
+        nopts->timeout = g->timeout;
+        auto nstore = c10::make_intrusive<c10d::PrefixStore>(key + "/nccl", g->store);
+        s->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nstore, sub_rank, n, nopts);
+      }
+#endif
+    } catch (...) {
+      delete s;
+      throw;
+    }
+    *out = s;
   });
 }
 

@@ -70,6 +70,13 @@ impl Optimizer {
         self.range
     }
 
+    /// A step this rank takes no part in (left out of the plan): only the
+    /// count moves, so AdamW's bias correction stays in step with the
+    /// others when the rank comes back.
+    pub fn skip(&mut self) {
+        self.steps += 1;
+    }
+
     /// One update of the owned range with the parameters' current `.grad()`.
     /// Element-wise, so a range updates exactly as in the whole update.
     pub fn step(&mut self, flat: &FlatParams, lr: f64) {

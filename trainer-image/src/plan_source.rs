@@ -96,13 +96,14 @@ pub struct PlanGate {
 }
 
 impl PlanGate {
-    /// Why `p` gives some rank fewer samples than the floor, if it does.
+    /// Why `p` gives some training rank fewer samples than the floor, if
+    /// it does (0 leaves a rank out and is not below the floor).
     pub fn below_floor(&self, p: &BatchPlan) -> Option<String> {
         let (r, b) = p
             .batch_sizes
             .iter()
             .enumerate()
-            .find(|(_, &b)| b < self.min_local_batch)?;
+            .find(|(_, &b)| b > 0 && b < self.min_local_batch)?;
         Some(format!(
             "rank {r} would get {b} sample(s), below the minimum local batch {} (per-rank BatchNorm needs at least 2; use --batch-norm sync)",
             self.min_local_batch
@@ -203,8 +204,15 @@ mod tests {
         assert_eq!(g.last_reason, Some("below_min_local_batch"));
         p.batch_sizes = vec![8, 2, 2];
         assert_eq!(
-            g.consider(Ok(p), &cur, 3).map(|p| p.batch_sizes),
+            g.consider(Ok(p.clone()), &cur, 3).map(|p| p.batch_sizes),
             Some(vec![8, 2, 2])
+        );
+        // A rank left out (0) has no BatchNorm batch: not below the floor.
+        p.generation = 2;
+        p.batch_sizes = vec![10, 0, 2];
+        assert_eq!(
+            g.consider(Ok(p), &cur, 3).map(|p| p.batch_sizes),
+            Some(vec![10, 0, 2])
         );
     }
 

@@ -185,10 +185,31 @@ impl Layout {
 
     /// After each owner updated its range: every owner broadcasts it, so
     /// all ranks hold the whole updated buffer. Collective: every rank
-    /// calls it at the same step. Returns the seconds spent waiting.
+    /// calls it at the same step.
     pub fn share(&self, pg: Option<&ProcessGroup>, flat: &Tensor) -> Result<()> {
+        let all: Vec<usize> = (0..pg.map_or(1, ProcessGroup::world_size)).collect();
+        self.share_among(pg, &all, flat)
+    }
+
+    /// [`share`](Self::share) within a group of the ranks `members` (its
+    /// rank i is `members[i]`); every owner must be a member.
+    pub fn share_among(
+        &self,
+        pg: Option<&ProcessGroup>,
+        members: &[usize],
+        flat: &Tensor,
+    ) -> Result<()> {
         let Some(pg) = pg else { return Ok(()) };
-        let owners = self.owners();
+        let mut owners = Vec::new();
+        for (owner, range) in self.owners() {
+            let root = members.iter().position(|&m| m == owner).ok_or_else(|| {
+                TrainerError::Collective {
+                    op: "broadcast",
+                    msg: format!("rank {owner} owns optimizer elements but is not training"),
+                }
+            })?;
+            owners.push((root, range));
+        }
         if owners.is_empty() {
             return Ok(());
         }

@@ -1,8 +1,9 @@
 //! Synchronised BatchNorm is exact under unequal batches: a narrow ResNet-18
 //! trained by 3 ranks (20, 9, 3), re-split mid-run to (28, 3, 1) and across
-//! an epoch boundary, ends with the same parameters *and running statistics*
-//! as one process with B = 32 — with one rank at a local batch of 1 and no
-//! NaN anywhere. Per-rank (`local`) BatchNorm refuses local batches below 2.
+//! an epoch boundary, then to (31, 0, 1) (rank 1 left out: the statistics
+//! are reduced over the other two), ends with the same parameters *and
+//! running statistics* as one process with B = 32 — with one rank at a
+//! local batch of 1 and no NaN anywhere. Per-rank (`local`) BatchNorm refuses local batches below 2.
 //! Real processes, real c10d on loopback.
 
 mod common;
@@ -102,6 +103,11 @@ fn sync_batch_norm_resnet18_20_9_3_resplit_matches_single_process() {
         "rank 0 never reached step 6"
     );
     write_plan(&plan, 1, &[28, 3, 1]);
+    assert!(
+        wait_until(Duration::from_secs(120), || last_step(&multi, 0) >= 13),
+        "rank 0 never reached step 13"
+    );
+    write_plan(&plan, 2, &[31, 0, 1]);
     let outs = wait_all(children, Duration::from_secs(240));
     assert_all_ok(&outs);
     let got = load_weights(&multi.join("model.safetensors"));
@@ -123,6 +129,11 @@ fn sync_batch_norm_resnet18_20_9_3_resplit_matches_single_process() {
     assert_eq!(b2.len(), 20);
     assert_eq!(b2[0], 3);
     assert_eq!(*b2.last().unwrap(), 1, "rank 2 batches {b2:?}");
+    let b1: Vec<u64> = steps(&log_records(&multi, 1))
+        .iter()
+        .map(|s| s["batch_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(*b1.last().unwrap(), 0, "rank 1 was never left out: {b1:?}");
     for r in 0..3 {
         for s in steps(&log_records(&multi, r)) {
             assert!(s["global_loss"].as_f64().is_some_and(f64::is_finite));

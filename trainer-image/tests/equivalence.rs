@@ -336,3 +336,100 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
         );
     }
 }
+
+/// A plan may leave a rank out (local batch 0): it sits out the gradient
+/// exchange on a sub-group of the others and comes back later. 3 ranks:
+/// (16, 8, 8), then (24, 0, 8) across an epoch boundary (evaluation while
+/// rank 1 is out), then (20, 9, 3) — the same parameters as one process
+/// with B = 32, with the update sharded and replicated.
+#[test]
+fn equivalence_with_a_rank_left_out_and_brought_back() {
+    for (opt, lr, sharding) in [
+        ("sgd", "0.005", "proportional"),
+        ("adamw", "0.001", "proportional"),
+        ("adamw", "0.001", "replicated"),
+    ] {
+        let what = format!("{opt}/{sharding}");
+        let dir = tempfile::tempdir().unwrap();
+        let with = |out: &Path| {
+            let mut a = base("mlp", out);
+            // 320 samples, 10% held out: 9 steps per epoch of B = 32.
+            set_flag(&mut a, "--synthetic-samples", "320");
+            set_flag(&mut a, "--lr", lr);
+            a.extend(args(&[
+                "--optimizer",
+                opt,
+                "--optimizer-sharding",
+                sharding,
+            ]));
+            a
+        };
+        let single = dir.path().join("single");
+        run_ok(1, &with(&single));
+        let want = load_weights(&single.join("model.safetensors"));
+
+        let out = dir.path().join("multi");
+        let plan = dir.path().join("plan.json");
+        write_plan(&plan, 0, &[16, 8, 8]);
+        let mut a = with(&out);
+        a.extend(path_arg("--plan-file", &plan));
+        a.extend(args(&["--step-sleep-ms", "150"]));
+        let children = spawn_ranks(3, &a);
+        assert!(
+            wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 3),
+            "{what}: rank 0 never reached step 3"
+        );
+        write_plan(&plan, 1, &[24, 0, 8]);
+        assert!(
+            wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 11),
+            "{what}: rank 0 never reached step 11"
+        );
+        write_plan(&plan, 2, &[20, 9, 3]);
+        assert_all_ok(&wait_all(children, Duration::from_secs(120)));
+        let got = load_weights(&out.join("model.safetensors"));
+        let d = max_abs_diff(&want, &got);
+        assert!(d <= 1e-5, "{what}: max |Δparam| = {d:e}");
+
+        let logs: Vec<Vec<serde_json::Value>> = (0..3)
+            .map(|r| steps(&log_records(&out, r)).into_iter().cloned().collect())
+            .collect();
+        // Rank 1 sat out steps of generation 1 (no samples, no update share)
+        // across the epoch boundary, and trained again under generation 2.
+        let out_steps: Vec<&serde_json::Value> =
+            logs[1].iter().filter(|s| s["generation"] == 1).collect();
+        assert!(!out_steps.is_empty(), "{what}: generation 1 never ran");
+        assert!(
+            out_steps
+                .iter()
+                .all(|s| s["batch_size"] == 0 && s["optimizer_elements"] == 0),
+            "{what}: rank 1 trained while left out: {out_steps:?}"
+        );
+        assert!(
+            out_steps.iter().any(|s| s["epoch"] == 0) && out_steps.iter().any(|s| s["epoch"] == 1),
+            "{what}: rank 1 was not out across the epoch boundary"
+        );
+        let last = &logs[1][logs[1].len() - 1];
+        assert_eq!(last["generation"], 2, "{what}: never brought back");
+        assert_eq!(last["batch_size"], 9, "{what}: {last}");
+        // Each rank evaluates a third of the held-out set: rank 1 caught up
+        // before evaluating, so the losses are one process's.
+        let evals = |dir: &Path| -> Vec<f64> {
+            log_records(dir, 0)
+                .iter()
+                .filter(|e| e["event"] == "eval")
+                .map(|e| e["eval_loss"].as_f64().unwrap())
+                .collect()
+        };
+        let (one, three) = (evals(&single), evals(&out));
+        assert!(
+            one.len() >= 2 && one.len() == three.len(),
+            "{what}: {one:?} {three:?}"
+        );
+        for (a, b) in one.iter().zip(&three) {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "{what}: eval loss {b} vs one process {a}"
+            );
+        }
+    }
+}

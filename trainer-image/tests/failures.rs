@@ -83,8 +83,8 @@ fn invalid_plan_files_are_refused_at_start() {
             "has 1 batch sizes but WORLD_SIZE is 2",
         ),
         (
-            r#"{"generation":0,"globalBatchSize":32,"batchSizes":[32,0]}"#,
-            "rank 1 a local batch of 0",
+            r#"{"generation":0,"globalBatchSize":32,"batchSizes":[0,32]}"#,
+            "rank 0 a local batch of 0",
         ),
         (
             r#"{"generation":0,"globalBatchSize":32,"batchSizes":[20,9]}"#,
@@ -132,7 +132,7 @@ fn invalid_plan_mid_run_is_ignored_and_later_valid_plan_applies() {
     assert!(wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 4));
     for bad in [
         "garbage".to_string(),
-        r#"{"generation":1,"globalBatchSize":32,"batchSizes":[32,0]}"#.to_string(),
+        r#"{"generation":1,"globalBatchSize":32,"batchSizes":[0,32]}"#.to_string(),
         r#"{"generation":1,"globalBatchSize":32,"batchSizes":[30,1,1]}"#.to_string(),
         r#"{"generation":1,"globalBatchSize":32,"batchSizes":[20,9]}"#.to_string(),
     ] {

@@ -22,6 +22,15 @@ extern "C" {
         err_len: usize,
     ) -> c_int;
     pub(super) fn ht_pg_destroy(h: *mut c_void);
+    pub(super) fn ht_pg_subgroup(
+        h: *mut c_void,
+        members: *const c_int,
+        n: c_int,
+        tag: *const c_char,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     pub(super) fn ht_pg_has_nccl(h: *mut c_void) -> c_int;
     pub(super) fn ht_pg_enable_nccl(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
     pub(super) fn ht_pg_allreduce_sum(

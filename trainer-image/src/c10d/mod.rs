@@ -154,6 +154,50 @@ impl ProcessGroup {
         self.rank
     }
 
+    /// A group of the ranks in `members` (ascending, this rank among them),
+    /// over the same rendezvous: every member calls it at the same point,
+    /// the other ranks do not. Its ranks are positions in `members`.
+    pub fn subgroup(&self, members: &[usize]) -> Result<ProcessGroup> {
+        if !members.contains(&self.rank) || members.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(TrainerError::Collective {
+                op: "subgroup",
+                msg: format!(
+                    "rank {} cannot build a group of ranks {members:?} (ascending, itself among them)",
+                    self.rank
+                ),
+            });
+        }
+        let ids: Vec<c_int> = members.iter().map(|&r| r as c_int).collect();
+        let tag = members
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(".");
+        let tag = CString::new(tag).unwrap_or_default();
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        let h = self.handle;
+        // SAFETY: ids and tag outlive the call; handle receives a new group.
+        self.call("subgroup", |err| unsafe {
+            ht_pg_subgroup(
+                h,
+                ids.as_ptr(),
+                ids.len() as c_int,
+                tag.as_ptr(),
+                &mut handle,
+                err,
+                ERR_LEN,
+            )
+        })?;
+        // SAFETY: handle is a live group.
+        let nccl = unsafe { ht_pg_has_nccl(handle) } != 0;
+        Ok(ProcessGroup {
+            handle,
+            rank: members.iter().position(|&r| r == self.rank).unwrap_or(0),
+            world: members.len(),
+            nccl,
+        })
+    }
+
     pub fn world_size(&self) -> usize {
         self.world
     }

@@ -45,6 +45,9 @@ impl Trainer<'_> {
     /// all-reduced), after the ranks' buffers agree.
     fn evaluate(&mut self) -> Result<()> {
         let (cfg, p) = (self.cfg, self.p);
+        if !self.team.everyone() {
+            self.catch_up()?;
+        }
         agree_buffers(cfg, self.pg, &p.all_vars, self.share())?;
         let (correct, count, loss) = {
             let _guard = tch::no_grad_guard();

@@ -13,6 +13,7 @@ mod epoch;
 mod resume;
 mod setup;
 mod step;
+mod team;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,8 +22,9 @@ use std::time::Instant;
 
 use heterotrain_crds::BatchPlan;
 use tch::{Device, Tensor};
+use typed_arena::Arena;
 
-use crate::c10d::{self, ProcessGroup, Reducer};
+use crate::c10d::{self, ProcessGroup, Reducer, SlotBinding};
 use crate::checkpoint::{self, Snapshot};
 use crate::cli::{BalancerMode, OptimizerSharding, TrainConfig};
 use crate::control;
@@ -36,6 +38,7 @@ use crate::shard::Layout;
 
 pub use setup::{apply_threads, open_gpu, pick_device};
 use setup::{Named, Parts, Plans};
+use team::Team;
 
 /// What a finished run reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,8 +58,8 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let (parts, plans) = Parts::build(cfg)?;
     let pg = setup::join(cfg, parts.device)?;
     let pg = pg.as_ref();
-    let _bound = pg.map(|g| parts.group_slot.bind(g));
-    let mut t = Trainer::new(cfg, &parts, plans, pg)?;
+    let subgroups = Arena::new();
+    let mut t = Trainer::new(cfg, &parts, plans, pg, &subgroups)?;
     while t.step < parts.total {
         let started = Instant::now();
         if !t.boundary(stop.load(Ordering::SeqCst))? {
@@ -72,9 +75,15 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
 struct Trainer<'a> {
     cfg: &'a TrainConfig,
     p: &'a Parts,
+    /// The whole job's group.
     pg: Option<&'a ProcessGroup>,
-    /// PyTorch's DDP engine over the parameters (a group only).
+    /// The ranks that train under the plan, and their group.
+    team: Team<'a>,
+    /// PyTorch's DDP engine over the parameters, on the team's group (a
+    /// member of a group only).
     reducer: Option<Reducer<'a>>,
+    /// Synchronised BatchNorm's link to the team's group.
+    bound: Option<SlotBinding<'a>>,
     opt: Optimizer,
     /// Who updates which parameters; follows the plan.
     layout: Layout,
@@ -107,6 +116,7 @@ impl<'a> Trainer<'a> {
         p: &'a Parts,
         plans: Plans,
         pg: Option<&'a ProcessGroup>,
+        subgroups: &'a Arena<ProcessGroup>,
     ) -> Result<Trainer<'a>> {
         // Replicated (whole state everywhere) until the first agreed plan.
         let layout = Layout::Replicated { len: p.flat.len() };
@@ -114,7 +124,9 @@ impl<'a> Trainer<'a> {
             cfg,
             p,
             pg,
+            team: Team::new(pg, subgroups, cfg.world_size),
             reducer: None,
+            bound: None,
             opt: Optimizer::new(cfg, &p.flat, layout.own(cfg.rank)),
             layout,
             plan: plans.plan,
@@ -142,14 +154,34 @@ impl<'a> Trainer<'a> {
         p.mx.set_position(t.step, t.pos.epoch);
         p.mx.set_plan(t.plan.generation, t.local_batch());
         t.start_local_balancer()?;
-        t.reducer = match pg {
-            Some(g) => {
-                let bucket = cfg.bucket_mib.max(1) << 20;
-                Some(g.reducer(&p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?)
-            }
-            None => None,
-        };
+        let members = t.plan.members();
+        t.regroup(members)?;
         Ok(t)
+    }
+
+    /// Train with `members` from now on: the old exchange is taken down
+    /// before the new one hooks the gradients; members get a Reducer and
+    /// synchronised BatchNorm on their group, a left-out rank neither.
+    fn regroup(&mut self, members: Vec<usize>) -> Result<()> {
+        self.reducer = None;
+        self.bound = None;
+        self.team.switch(self.cfg.rank, members)?;
+        if let Some(g) = self.team.group() {
+            let bucket = self.cfg.bucket_mib.max(1) << 20;
+            self.reducer =
+                Some(g.reducer(&self.p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?);
+            self.bound = Some(self.p.group_slot.bind(g));
+        }
+        Ok(())
+    }
+
+    /// Bring every rank's parameters to rank 0's (a left-out rank's are
+    /// stale). Collective over the whole group.
+    fn catch_up(&self) -> Result<()> {
+        let Some(pg) = self.pg else { return Ok(()) };
+        let _guard = tch::no_grad_guard();
+        let mut flat = self.p.flat.range((0, self.p.flat.len()));
+        pg.broadcast(&mut flat, 0)
     }
 
     /// This rank's local batch under the current plan.

@@ -15,7 +15,7 @@ use crate::log::{StepRecord, StepTimings};
 use crate::optim;
 use crate::shard::Layout;
 
-use super::setup::sync_device;
+use super::setup::{broadcast_all, sync_device};
 use super::Trainer;
 
 /// What forward and backward leave for the rest of the step.
@@ -65,13 +65,43 @@ impl<'a> Trainer<'a> {
             self.p.mx.set_plan(self.plan.generation, self.local_batch());
             self.warm = true;
         }
+        // Ranks coming back into the exchange catch up first: parameters
+        // and buffers from rank 0, and (replicated) the optimizer state.
+        let members = self.plan.members();
+        let joining = members.iter().any(|r| !self.team.members().contains(r));
+        if joining {
+            broadcast_all(self.pg, &self.p.all_vars)?;
+        }
         // The optimizer ranges follow the plan (the state moves with them).
         let len = self.p.flat.len();
         let wanted = Layout::for_plan(len, &self.plan.batch_sizes, self.sharded());
-        if wanted != self.layout {
+        if wanted != self.layout || joining {
             let whole = self.opt.gather(self.pg, rank, &self.layout, len)?;
+            if joining && matches!(self.layout, Layout::Replicated { .. }) {
+                let named: Vec<(String, Tensor)> = whole
+                    .iter()
+                    .map(|t| (String::new(), t.shallow_clone()))
+                    .collect();
+                broadcast_all(self.pg, &named)?;
+            }
             self.opt.adopt(&whole, wanted.own(rank));
             self.layout = wanted;
+        }
+        if members != self.team.members() {
+            if rank == 0 {
+                let out = self.plan.left_out();
+                eprintln!(
+                    "rank 0: step {}: {} rank(s) train{}",
+                    self.step + 1,
+                    members.len(),
+                    if out.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; left out (no samples): ranks {out:?}")
+                    }
+                );
+            }
+            self.regroup(members)?;
         }
         Ok(true)
     }
@@ -89,6 +119,9 @@ impl<'a> Trainer<'a> {
         let stop_now = stop.load(Ordering::SeqCst);
         let mut word = control::encode(rank, self.cfg.world_size, &proposed, stop_now);
         let word_work = self.start_sum(&mut word)?;
+        if self.local_batch() == 0 {
+            return self.sit_out(started, word, word_work, &proposed);
+        }
 
         let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
         let (x, y) = self.p.data.train_batch(&idx, device);
@@ -117,6 +150,35 @@ impl<'a> Trainer<'a> {
         let lr = self.update(&mut tm)?;
         self.step += 1;
         self.record(started, tm, pass.local_loss, global_loss, lr, pass.overlap)
+    }
+
+    /// A step of a rank the plan leaves out: no data, no compute, no part
+    /// in the gradient exchange or the update's broadcasts; it takes part
+    /// only in what the whole group shares (the control word and the loss,
+    /// to which it adds nothing) and keeps the optimizer's step count.
+    fn sit_out(
+        &mut self,
+        started: Instant,
+        word: Tensor,
+        word_work: Option<PendingWork<'a>>,
+        proposed: &BatchPlan,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let mut loss_sum = Tensor::from_slice(&[0.0f64]);
+        let loss_work = self.start_sum(&mut loss_sum)?;
+        for w in [word_work, loss_work].into_iter().flatten() {
+            w.wait()?;
+        }
+        self.carried = Some(control::decode(&word, self.cfg.rank, proposed));
+        let global_loss = loss_sum.double_value(&[0]);
+        self.opt.skip();
+        let tm = StepTimings {
+            allreduce_seconds: t0.elapsed().as_secs_f64(),
+            ..StepTimings::default()
+        };
+        let lr = optim::lr_at(self.cfg, self.step + 1, self.p.total);
+        self.step += 1;
+        self.record(started, tm, global_loss, global_loss, lr, None)
     }
 
     /// Start an asynchronous SUM all-reduce of `t` (none without a group).
@@ -191,7 +253,9 @@ impl<'a> Trainer<'a> {
         let t5 = Instant::now();
         tm.optimizer_seconds = (t5 - t4).as_secs_f64();
         let flat = &self.p.flat;
-        self.layout.share(self.pg, &flat.range((0, flat.len())))?;
+        let team = (self.team.group(), self.team.members());
+        self.layout
+            .share_among(team.0, team.1, &flat.range((0, flat.len())))?;
         sync_device(device);
         tm.allreduce_seconds += t5.elapsed().as_secs_f64();
         Ok(lr)
@@ -210,7 +274,12 @@ impl<'a> Trainer<'a> {
         let (b_local, b_global) = (self.local_batch(), self.plan.global_batch_size);
         // Includes the step-boundary agreement.
         let step_s = started.elapsed().as_secs_f64();
-        let (lo, hi) = self.opt.range();
+        // What this rank updated (nothing while left out).
+        let (lo, hi) = if b_local == 0 {
+            (0, 0)
+        } else {
+            self.opt.range()
+        };
         self.log.write(&StepRecord {
             event: "step",
             rank: self.cfg.rank,
