@@ -6,8 +6,10 @@
 # the median and min-max of the paired ratios. Then the cost of synchronised
 # BatchNorm: ours with --batch-norm sync vs local, paired the same way.
 # resnet18 runs ours with --batch-norm local against DDP (DDP's BatchNorm is
-# per rank too: the same maths). Last, the sharded optimizer update against
-# the replicated one, paired the same way.
+# per rank too: the same maths). Then the sharded optimizer update against
+# the replicated one, paired the same way, also with a slow rank (0.3 core).
+# Last, a very slow rank (0.05 core) left out of the plan against the same
+# rank kept at 1 sample and against rank 0 training alone.
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
 #      HETEROTRAIN_PYTHON (python with torch 2.11)
@@ -29,26 +31,27 @@ trap 'rm -rf "$tmp"' EXIT
 
 port() { "$py" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
-# ours: global samples/s over the steps after warm-up (max over ranks of the summed step time)
+# ours: global samples/s over the steps after warm-up (max over ranks of the
+# summed step time); WORLD ranks (default 2)
 ours() { # model batch steps warmup extra...
   local model=$1 b=$2 steps=$3 warm=$4; shift 4
-  local out="$tmp/ours-$RANDOM" p; p=$(port)
-  for r in 0 1; do
+  local out="$tmp/ours-$RANDOM" p world=${WORLD:-2}; p=$(port)
+  for r in $(seq 0 $((world - 1))); do
     (
       # SLOW_CGROUP: rank 1 runs in this CPU-quota cgroup (the slow node).
       if [ "$r" = 1 ] && [ -n "${SLOW_CGROUP:-}" ]; then echo "$BASHPID" > "$SLOW_CGROUP/cgroup.procs"; fi
-      exec env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
+      exec env RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
         --model "$model" --dataset synthetic_image --synthetic-samples 4096 --batch-size "$b" \
         --max-steps $((steps + warm)) --epochs 1000 --lr 0.01 --threads "$threads" \
         --metrics-port 0 --output-dir "$out" "$@" 2>/dev/null
     ) &
   done
   wait
-  "$py" - "$out" "$b" "$warm" <<'PY'
+  "$py" - "$out" "$b" "$warm" "$world" <<'PY'
 import json, sys
-out, b, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, b, warm, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 tot = []
-for r in (0, 1):
+for r in range(world):
     st = [json.loads(l) for l in open(f"{out}/rank-{r}.jsonl") if '"event":"step"' in l]
     tot.append(sum(s["step_seconds"] for s in st[warm:]))
     n = len(st[warm:])
@@ -92,17 +95,18 @@ printf '| model, split | sharded samples/s | replicated samples/s | ratio (media
 paired "resnet18, 32 / 32" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --optimizer-sharding replicated"
 paired "mlp (hidden 512), 128 / 128" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --optimizer-sharding replicated"
 
-# A slow rank: rank 1 in a cgroup at 0.3 core (10 ms period), where the
-# update's cost on the slow rank shows. Needs a writable cgroup (root).
-slow_cgroup() {
+# A slow rank: rank 1 in a cgroup at QUOTA/PERIOD of a core (the kernel's
+# smallest quota is 1 ms). Needs a writable cgroup (root).
+slow_cgroup() { # quota-us period-us
   local v1=/sys/fs/cgroup/cpu v2=/sys/fs/cgroup d
   if [ -d "$v1" ] && [ -w "$v1" ]; then
-    d="$v1/ht-bench-slow-$$"; mkdir -p "$d" && echo 10000 > "$d/cpu.cfs_period_us" && echo 3000 > "$d/cpu.cfs_quota_us" && echo "$d"
+    d="$v1/ht-bench-slow-$$-$1"; mkdir -p "$d" && echo "$2" > "$d/cpu.cfs_period_us" && echo "$1" > "$d/cpu.cfs_quota_us" && echo "$d"
   elif [ -f "$v2/cgroup.controllers" ] && [ -w "$v2" ]; then
-    d="$v2/ht-bench-slow-$$"; mkdir -p "$d" && echo "3000 10000" > "$d/cpu.max" && echo "$d"
+    d="$v2/ht-bench-slow-$$-$1"; mkdir -p "$d" && echo "$1 $2" > "$d/cpu.max" && echo "$d"
   fi
 }
-if SLOW_CGROUP=$(slow_cgroup 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
+# At 0.3 core the update's cost on the slow rank shows.
+if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   export SLOW_CGROUP
   plan="$tmp/plan-52-12.json"
   echo '{"generation":0,"globalBatchSize":64,"batchSizes":[52,12]}' > "$plan"
@@ -113,5 +117,21 @@ if SLOW_CGROUP=$(slow_cgroup 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   rmdir "$SLOW_CGROUP" 2>/dev/null || true
 else
   echo
-  echo "(no writable cgroup: the slow-rank comparison is skipped)"
+  echo "(no writable cgroup: the slow-rank comparisons are skipped)"
+fi
+# At 0.05 core even one sample makes rank 1 the last to finish: left out
+# (0 samples, no part in the exchange) against kept at 1 sample, and
+# against rank 0 training alone (the best subset).
+if SLOW_CGROUP=$(slow_cgroup 1000 20000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
+  export SLOW_CGROUP
+  out_plan="$tmp/plan-256-0.json" keep_plan="$tmp/plan-255-1.json"
+  echo '{"generation":0,"globalBatchSize":256,"batchSizes":[256,0]}' > "$out_plan"
+  echo '{"generation":0,"globalBatchSize":256,"batchSizes":[255,1]}' > "$keep_plan"
+  mlp="ours mlp 256 60 5 --hidden 512"
+  echo
+  echo "rank 1 at 0.05 core: left out vs kept at 1 sample vs rank 0 alone (ours, mlp hidden 512, B 256, $runs interleaved pairs)"
+  printf '| comparison | A samples/s | B samples/s | ratio A/B (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+  paired "A 256 / 0 (left out), B 255 / 1" "$mlp --plan-file $out_plan" "$mlp --plan-file $keep_plan"
+  paired "A 256 / 0 (left out), B rank 0 alone" "$mlp --plan-file $out_plan" "WORLD=1 $mlp"
+  rmdir "$SLOW_CGROUP" 2>/dev/null || true
 fi

@@ -433,3 +433,25 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
         }
     }
 }
+
+/// Rank 0 alone trains (the other rank left out from the start): no
+/// exchange at all, the same parameters as one process.
+#[test]
+fn rank_zero_alone_matches_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = single("mlp", dir.path());
+    let out = dir.path().join("multi");
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[32, 0]);
+    let mut a = base("mlp", &out);
+    a.extend(path_arg("--plan-file", &plan));
+    run_ok(2, &a);
+    let got = load_weights(&out.join("model.safetensors"));
+    let d = max_abs_diff(&want, &got);
+    assert!(d <= 1e-5, "max |Δparam| = {d:e}");
+    let b1: Vec<u64> = steps(&log_records(&out, 1))
+        .iter()
+        .map(|x| x["batch_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(b1, vec![0; 20], "rank 1 batch sizes");
+}

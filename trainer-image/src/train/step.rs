@@ -137,6 +137,7 @@ impl<'a> Trainer<'a> {
             w.wait()?;
         }
         self.carried = Some(control::decode(&word, rank, &proposed));
+        // Summed over the members (alone: its own loss, weighted by 1).
         let global_loss = if self.pg.is_some() {
             pass.loss_sum.double_value(&[0])
         } else {
@@ -153,9 +154,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// A step of a rank the plan leaves out: no data, no compute, no part
-    /// in the gradient exchange or the update's broadcasts; it takes part
-    /// only in what the whole group shares (the control word and the loss,
-    /// to which it adds nothing) and keeps the optimizer's step count.
+    /// in the loss, the gradient exchange or the update's broadcasts; it
+    /// takes part only in the control word (which brings it back) and
+    /// keeps the optimizer's step count.
     fn sit_out(
         &mut self,
         started: Instant,
@@ -164,13 +165,12 @@ impl<'a> Trainer<'a> {
         proposed: &BatchPlan,
     ) -> Result<()> {
         let t0 = Instant::now();
-        let mut loss_sum = Tensor::from_slice(&[0.0f64]);
-        let loss_work = self.start_sum(&mut loss_sum)?;
-        for w in [word_work, loss_work].into_iter().flatten() {
+        if let Some(w) = word_work {
             w.wait()?;
         }
         self.carried = Some(control::decode(&word, self.cfg.rank, proposed));
-        let global_loss = loss_sum.double_value(&[0]);
+        // The members' loss is theirs alone: keep showing the last known.
+        let global_loss = self.global_loss;
         self.opt.skip();
         let tm = StepTimings {
             allreduce_seconds: t0.elapsed().as_secs_f64(),
@@ -210,7 +210,12 @@ impl<'a> Trainer<'a> {
         tm.forward_seconds = ((t2 - t1).as_secs_f64() - (waited1 - waited0).max(0.0)).max(0.0);
         let scale = self.share();
         let mut loss_sum = Tensor::from_slice(&[local_loss * scale]);
-        let loss_work = self.start_sum(&mut loss_sum)?;
+        // Among the members only: a left-out rank has no part in the step.
+        let loss_work = self
+            .team
+            .group()
+            .map(|g| g.all_reduce_sum_async(&mut loss_sum))
+            .transpose()?;
 
         zero_grads(&self.p.params);
         // The b_r / B weight goes into the loss, so the SUM of the ranks'
@@ -308,7 +313,7 @@ impl<'a> Trainer<'a> {
             .record(b_local, tm.compute_seconds(), !self.warm);
         self.warm = false;
         self.global_loss = global_loss;
-        if !global_loss.is_finite() {
+        if b_local > 0 && !global_loss.is_finite() {
             return Err(TrainerError::Data(format!(
                 "loss became {global_loss} at step {}; lower --lr",
                 self.step

@@ -23,7 +23,8 @@ pub(super) struct Team<'a> {
     world: usize,
     /// The ranks that train, ascending.
     members: Vec<usize>,
-    /// This rank's group among the members (none: left out, or one process).
+    /// This rank's group among the members (none: left out, the only
+    /// member, or one process).
     group: Option<&'a ProcessGroup>,
 }
 
@@ -65,6 +66,8 @@ impl<'a> Team<'a> {
             None => None,
             Some(full) if members.len() == self.world => Some(full),
             Some(_) if !members.contains(&rank) => None,
+            // Alone: its gradients are already the sum; nothing to exchange.
+            Some(_) if members.len() == 1 => None,
             Some(full) => Some(match self.built.iter().find(|(m, _)| *m == members) {
                 Some(&(_, g)) => g,
                 None => {
