@@ -51,6 +51,12 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn(name = "Plan", type_ = "integer", json_path = ".status.planGeneration"),
     printcolumn(name = "Step", type_ = "integer", json_path = ".status.step"),
     printcolumn(
+        name = "Progress",
+        type_ = "string",
+        json_path = ".status.progress.percentText"
+    ),
+    printcolumn(name = "ETA", type_ = "string", json_path = ".status.progress.eta"),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -688,6 +694,32 @@ pub struct HeteroTrainingJobStatus {
     /// The most recent balancing decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rebalance: Option<RebalanceStatus>,
+    /// How far training is, and how long the rest should take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressStatus>,
+}
+
+/// Training progress, from rank 0's step and the measured throughput.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressStatus {
+    /// Steps the run trains in all (`maxSteps`, or the epochs' steps when
+    /// fewer), as rank 0 reports it.
+    pub total_steps: u64,
+    /// Whole percent of `totalSteps` done (100 once the job Succeeded).
+    pub percent: u32,
+    /// `percent` as text for `kubectl get` ("45%").
+    pub percent_text: String,
+    /// Seconds the remaining steps should take at the last measured
+    /// throughput (absent before a measurement; 0 when done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_remaining_seconds: Option<u64>,
+    /// `estimatedRemainingSeconds` for `kubectl get` ("1h2m", "4m10s", "12s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    /// When the step last advanced (or the job finished).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
 }
 
 /// Per worker group status.

@@ -31,6 +31,8 @@ pub const PLAN_REJECTED_TOTAL: &str = "heterotrain_plan_rejected_total";
 pub const STEP: &str = "heterotrain_step";
 /// Gauge: current epoch.
 pub const EPOCH: &str = "heterotrain_epoch";
+/// Gauge: steps the run trains in all (its last step).
+pub const TOTAL_STEPS: &str = "heterotrain_total_steps";
 /// Gauge: training loss of the last step (this rank's slice).
 pub const LOSS: &str = "heterotrain_loss";
 /// Gauge: held-out accuracy at the last evaluation (0..1).

@@ -152,10 +152,34 @@ async fn end_to_end() {
             .create_job("dynamic", &quickstart("qs", "dynamic", 600, None))
             .await
             .map_err(|e| e.to_string())?;
+        // Progress while it runs: the run's 600 steps, a part done, an ETA.
+        let running = system
+            .wait_job("dynamic", "qs", wait, "progress with an ETA", |j| {
+                j.status
+                    .as_ref()
+                    .and_then(|s| s.progress.as_ref())
+                    .is_some_and(|p| p.percent > 0 && p.percent < 100 && p.eta.is_some())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = running.status.clone().unwrap_or_default();
+        let p = st.progress.clone().unwrap_or_default();
+        let want = (st.step * 100 / 600) as u32;
+        if p.total_steps != 600 || p.percent.abs_diff(want) > 1 {
+            return Err(format!("progress {p:?} at step {} of 600", st.step));
+        }
         let job = system
             .wait_job("dynamic", "qs", wait, "Succeeded", succeeded)
             .await
             .map_err(|e| e.to_string())?;
+        let st = job.status.clone().unwrap_or_default();
+        let done = st.progress.clone().unwrap_or_default();
+        if st.step != 600 || done.percent != 100 || done.estimated_remaining_seconds != Some(0) {
+            return Err(format!(
+                "finished at step {} with progress {done:?}",
+                st.step
+            ));
+        }
         let plan = plan_of(&system, "dynamic", "qs").await;
         let nodes = rank_nodes(&system, "dynamic", "qs").await;
         let fast = nodes

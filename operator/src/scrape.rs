@@ -47,6 +47,8 @@ pub struct RankMetrics {
     pub last_step_compute_seconds: Option<f64>,
     pub step: Option<u64>,
     pub epoch: Option<u32>,
+    /// The step the run ends at.
+    pub total_steps: Option<u64>,
     pub plan_generation: Option<u64>,
     pub finished: bool,
     pub profile: Option<RankProfile>,
@@ -103,6 +105,7 @@ impl RankMetrics {
                 .map(|v| v.min(u64::from(u32::MAX)) as u32),
             last_step_compute_seconds: get(m::LAST_STEP_COMPUTE_SECONDS),
             step: get(m::STEP).and_then(count),
+            total_steps: get(m::TOTAL_STEPS).and_then(count).filter(|&t| t > 0),
             epoch: get(m::EPOCH)
                 .and_then(count)
                 .map(|v| v.min(u64::from(u32::MAX)) as u32),

@@ -4,7 +4,7 @@
 
 use heterotrain_crds::{
     BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
-    RebalanceStatus,
+    ProgressStatus, RebalanceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
@@ -14,7 +14,7 @@ use crate::apply::ssa;
 use crate::conditions::{self, Desired};
 use crate::error::Result;
 use crate::fetch::{Observed, Phase};
-use crate::lifecycle::{Decision, StartTime};
+use crate::lifecycle::{Decision, JobPhase, StartTime};
 use crate::validate::ValidatedJob;
 
 /// Balancing results for status (all optional: kept from before when absent).
@@ -31,6 +31,8 @@ pub struct Extras {
     pub rank_samples_per_second: Vec<Option<f64>>,
     pub step: Option<u64>,
     pub epoch: Option<u32>,
+    /// The step the run ends at (rank 0's `heterotrain_total_steps`).
+    pub total_steps: Option<u64>,
 }
 
 impl Extras {
@@ -161,7 +163,86 @@ pub fn next(
     if let Some(r) = &x.last_rebalance {
         s.last_rebalance = Some(r.clone());
     }
+    let old_step = job.status.as_ref().map_or(0, |o| o.step);
+    s.progress = progress(
+        s.progress.take(),
+        x.total_steps,
+        s.step,
+        old_step,
+        steps_per_second(x, v.global_batch),
+        d.phase == JobPhase::Succeeded,
+        now,
+    );
+    if d.phase == JobPhase::Succeeded {
+        // The last scrape may predate the last step: a finished run did
+        // them all.
+        if let Some(p) = &s.progress {
+            s.step = s.step.max(p.total_steps);
+        }
+    }
     s
+}
+
+/// Steps per second from the measured cluster throughput (B samples a step).
+fn steps_per_second(x: &Extras, global_batch: u32) -> Option<f64> {
+    x.cluster_samples_per_second
+        .filter(|v| v.is_finite() && *v > 0.0 && global_batch > 0)
+        .map(|v| v / f64::from(global_batch))
+}
+
+/// Progress from the run's total steps (kept from `old` when not read this
+/// round), rank 0's `step` and the throughput; `done` once the job
+/// Succeeded. None until the total is known.
+pub fn progress(
+    old: Option<ProgressStatus>,
+    total_steps: Option<u64>,
+    step: u64,
+    old_step: u64,
+    steps_per_second: Option<f64>,
+    done: bool,
+    now: &Time,
+) -> Option<ProgressStatus> {
+    let total = total_steps
+        .or(old.as_ref().map(|o| o.total_steps))
+        .filter(|&t| t > 0)?;
+    let step = if done { total } else { step.min(total) };
+    let percent = if done {
+        100
+    } else {
+        ((step as f64 / total as f64) * 100.0).floor().min(99.0) as u32
+    };
+    let remaining = if done {
+        Some(0)
+    } else {
+        steps_per_second
+            .map(|r| ((total - step) as f64 / r).ceil() as u64)
+            .or(old.as_ref().and_then(|o| o.estimated_remaining_seconds))
+    };
+    let moved = step != old_step || done != (old.as_ref().map(|o| o.percent) == Some(100));
+    Some(ProgressStatus {
+        total_steps: total,
+        percent,
+        percent_text: format!("{percent}%"),
+        estimated_remaining_seconds: remaining,
+        eta: remaining.map(duration_text),
+        last_update_time: if moved || old.is_none() {
+            Some(now.clone())
+        } else {
+            old.and_then(|o| o.last_update_time)
+        },
+    })
+}
+
+/// "1h2m", "4m10s", "12s", as `kubectl` prints ages.
+pub fn duration_text(seconds: u64) -> String {
+    let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
 }
 
 /// Round to 3 significant digits so measured figures do not churn status.
@@ -220,5 +301,52 @@ mod tests {
         assert_eq!(round3(1234.5), 1230.0);
         assert_eq!(round3(0.012345), 0.0123);
         assert_eq!(round3(f64::NAN), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    fn at(s: &str) -> Time {
+        Time(s.parse().expect("time"))
+    }
+
+    #[test]
+    fn progress_percent_eta_and_finish() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let t1 = at("2026-01-01T00:01:00Z");
+        // Nothing before the total is known.
+        assert_eq!(progress(None, None, 10, 0, Some(2.0), false, &t0), None);
+        // 250 of 1000 steps at 2 steps/s: 25%, 375 s left.
+        let p = progress(None, Some(1000), 250, 0, Some(2.0), false, &t0).unwrap();
+        assert_eq!((p.percent, p.percent_text.as_str()), (25, "25%"));
+        assert_eq!(p.estimated_remaining_seconds, Some(375));
+        assert_eq!(p.eta.as_deref(), Some("6m15s"));
+        assert_eq!(p.last_update_time, Some(t0.clone()));
+        // No new throughput or total: both kept; the step did not move, so
+        // neither did the update time.
+        let q = progress(Some(p.clone()), None, 250, 250, None, false, &t1).unwrap();
+        assert_eq!(q.total_steps, 1000);
+        assert_eq!(q.estimated_remaining_seconds, Some(375));
+        assert_eq!(q.last_update_time, Some(t0.clone()));
+        // 999 of 1000 is not done; a Succeeded job is, whatever was read.
+        let r = progress(Some(q), None, 999, 250, Some(2.0), false, &t1).unwrap();
+        assert_eq!(
+            (r.percent, r.last_update_time.clone()),
+            (99, Some(t1.clone()))
+        );
+        let done = progress(Some(r), None, 998, 999, None, true, &t1).unwrap();
+        assert_eq!(done.percent, 100);
+        assert_eq!(done.estimated_remaining_seconds, Some(0));
+        assert_eq!(done.eta.as_deref(), Some("0s"));
+    }
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        assert_eq!(duration_text(0), "0s");
+        assert_eq!(duration_text(59), "59s");
+        assert_eq!(duration_text(61), "1m1s");
+        assert_eq!(duration_text(3725), "1h2m");
     }
 }

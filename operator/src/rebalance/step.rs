@@ -59,6 +59,7 @@ pub(super) async fn step(
                 if r == 0 {
                     x.step = m.step.or(x.step);
                     x.epoch = m.epoch.or(x.epoch);
+                    x.total_steps = m.total_steps.or(x.total_steps);
                 }
                 if let Some(total) = m.samples_total {
                     if let Some((prev, t)) = st.last_samples[r] {

@@ -77,6 +77,7 @@ pub struct TrainerMetrics {
     plan_rejected: Family<ReasonLabels, Counter>,
     step: Gauge,
     epoch: Gauge,
+    total_steps: Gauge,
     loss: FloatGauge,
     eval_accuracy: FloatGauge,
     eval_loss: FloatGauge,
@@ -168,6 +169,7 @@ impl TrainerMetrics {
         );
         let step = gi(&mut r, m::STEP, "Current global step");
         let epoch = gi(&mut r, m::EPOCH, "Current epoch");
+        let total_steps = gi(&mut r, m::TOTAL_STEPS, "Steps the run trains in all");
         let loss = g(
             &mut r,
             m::LOSS,
@@ -254,6 +256,7 @@ impl TrainerMetrics {
             plan_generation,
             plan_rejected,
             step,
+            total_steps,
             epoch,
             loss,
             eval_accuracy,
@@ -326,10 +329,12 @@ impl TrainerMetrics {
         self.local_batch.set(i64::from(local_batch));
     }
 
-    /// Where training stands before the first step (after a resume).
-    pub fn set_position(&self, step: u64, epoch: u64) {
+    /// Where training stands before the first step (after a resume), and
+    /// the step it ends at.
+    pub fn set_position(&self, step: u64, epoch: u64, total_steps: u64) {
         self.step.set(step as i64);
         self.epoch.set(epoch as i64);
+        self.total_steps.set(total_steps as i64);
     }
 
     /// A refused plan, with a short stable reason.

@@ -151,7 +151,7 @@ impl<'a> Trainer<'a> {
         };
         t.resume()?;
         t.status_since.1 = t.step;
-        p.mx.set_position(t.step, t.pos.epoch);
+        p.mx.set_position(t.step, t.pos.epoch, p.total);
         p.mx.set_plan(t.plan.generation, t.local_batch());
         t.start_local_balancer()?;
         let members = t.plan.members();
