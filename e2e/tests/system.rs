@@ -51,6 +51,35 @@ spec:
     )
 }
 
+/// Two ranks pinned by node: rank 0 on `fast`, rank 1 on `slow`; slow
+/// ranks re-admitted after 3 decisions left out.
+fn pinned_pair(name: &str, steps: u32) -> String {
+    format!(
+        r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: {name}}}
+spec:
+  workers:
+    - name: fast
+      replicas: 1
+      threads: 1
+      nodeSelector: {{kubernetes.io/hostname: fast}}
+      resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
+    - name: slow
+      replicas: 1
+      threads: 1
+      nodeSelector: {{kubernetes.io/hostname: slow}}
+      resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
+  model: {{name: simple_cnn}}
+  dataset: {{name: synthetic_image, syntheticSamples: 4096}}
+  training: {{globalBatchSize: 64, maxSteps: {steps}, learningRate: "0.02", momentum: "0.9", seed: 1}}
+  loadBalancing: {{policy: dynamic, rebalanceIntervalSteps: 5, minGainPercent: 5, readmitAfterDecisions: 3}}
+  profiling: {{probeBatchSizes: [8, 32]}}
+  checkpoint: {{everySteps: 0}}
+"#
+    )
+}
+
 async fn plan_of(system: &System, ns: &str, job: &str) -> BatchPlan {
     let cms: Api<ConfigMap> = Api::namespaced(system.client().await.unwrap(), ns);
     let cm = cms
@@ -205,6 +234,79 @@ async fn end_to_end() {
         let st = job.status.clone().unwrap_or_default();
         if st.plan_generation == 0 || st.last_rebalance.is_none() {
             return Err(format!("no rebalance recorded in status: {st:?}"));
+        }
+        Ok(())
+    })
+    .await;
+
+    // 1b. a rank too slow to help is left out, then brought back: rank 1
+    // on `slow`, held to 0.02 core mid-run, gets 0 samples; back at 0.33
+    // it is re-admitted and trains again; the job still Succeeds.
+    scenario(&system, "left-out", || async {
+        system
+            .create_job("left-out", &pinned_pair("qs", 1500))
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .wait_job("left-out", "qs", wait, "step ≥ 40", |j| {
+                j.status.as_ref().is_some_and(|s| s.step >= 40)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        system
+            .sim
+            .set_speed("slow", 0.02)
+            .map_err(|e| e.to_string())?;
+        let out = heterotrain_e2e::wait::eventually(
+            "rank 1 left out",
+            wait,
+            Duration::from_secs(1),
+            || async {
+                let p = plan_of(&system, "left-out", "qs").await;
+                Ok((p.batch_sizes.get(1) == Some(&0)).then_some(p))
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        eprintln!(
+            "left-out: plan gen {} {:?}: {}",
+            out.generation, out.batch_sizes, out.reason
+        );
+        let job = system
+            .wait_job("left-out", "qs", wait, "leftOutRanks [1] in status", |j| {
+                j.status
+                    .as_ref()
+                    .is_some_and(|s| s.left_out_ranks == vec![1])
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let at = job.status.as_ref().map_or(0, |s| s.step);
+        system
+            .sim
+            .set_speed("slow", 0.33)
+            .map_err(|e| e.to_string())?;
+        let back = heterotrain_e2e::wait::eventually(
+            "rank 1 brought back",
+            wait,
+            Duration::from_secs(1),
+            || async {
+                let p = plan_of(&system, "left-out", "qs").await;
+                Ok((p.generation > out.generation && p.batch_sizes[1] > 0).then_some(p))
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        eprintln!(
+            "left-out: plan gen {} {:?}: {}",
+            back.generation, back.batch_sizes, back.reason
+        );
+        let job = system
+            .wait_job("left-out", "qs", wait, "Succeeded", succeeded)
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = job.status.clone().unwrap_or_default();
+        if st.step <= at || st.restarts != 0 {
+            return Err(format!("status after the run: {st:?}"));
         }
         Ok(())
     })
