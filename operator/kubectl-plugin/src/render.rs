@@ -92,9 +92,17 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
         st.phase.clone().unwrap_or_else(|| "Pending".into()),
         st.restarts
     );
+    let done = st.progress.as_ref().map_or(String::new(), |p| {
+        format!(
+            " of {} ({}%, ETA {})",
+            p.total_steps,
+            p.percent,
+            p.eta.as_deref().unwrap_or("unknown")
+        )
+    });
     let _ = writeln!(
         out,
-        "Progress:        step {}   epoch {}",
+        "Progress:        step {}{done}   epoch {}",
         st.step, st.epoch
     );
     let _ = writeln!(

@@ -74,6 +74,8 @@ async fn setup(client: &Client) {
         &Patch::Merge(json!({"status": {
             "phase": "Running", "ranks": 3, "planGeneration": 2, "step": 340, "epoch": 1,
             "clusterSamplesPerSecond": 812.46, "restarts": 0,
+            "progress": {"totalSteps": 1000, "percent": 34, "percentText": "34%",
+                         "estimatedRemainingSeconds": 52, "eta": "52s"},
             "groups": [
                 {"name": "t4", "device": "cuda", "replicas": 1, "ready": 1, "batchSizes": [48], "samplesPerSecond": 530.2},
                 {"name": "cpu", "device": "cpu", "replicas": 2, "ready": 2, "batchSizes": [24, 24], "samplesPerSecond": 282.26}
@@ -210,7 +212,10 @@ async fn status_top_plan_and_profile_show_the_job() {
 
     let status = plugin(&cluster, &["-n", NS, "status", "demo"]);
     assert!(line(&status, "Phase:").contains("Running"), "{status}");
-    assert!(line(&status, "Progress:").contains("step 340"), "{status}");
+    assert!(
+        line(&status, "Progress:").contains("step 340 of 1000 (34%, ETA 52s)"),
+        "{status}"
+    );
     assert!(
         line(&status, "Throughput:").contains("812.5 samples/s"),
         "{status}"
