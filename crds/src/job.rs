@@ -645,6 +645,18 @@ pub struct RunPolicy {
     /// Stop the pods but keep plan and checkpoints; set back to false to resume.
     #[serde(default)]
     pub suspend: bool,
+    /// Seconds one collective (a gradient bucket, the plan agreement, a
+    /// checkpoint's gather) may take before the ranks give up and exit: how
+    /// long a hung or stopped rank can stall the gang before it is
+    /// restarted. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub collective_timeout_seconds: Option<u32>,
+    /// Seconds the ranks wait for each other at start-up before failing
+    /// (naming the ranks that did not arrive). Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub rendezvous_timeout_seconds: Option<u32>,
 }
 
 /// What the operator reports.
@@ -778,6 +790,8 @@ impl Default for RunPolicy {
             active_deadline_seconds: None,
             ttl_seconds_after_finished: None,
             suspend: false,
+            collective_timeout_seconds: None,
+            rendezvous_timeout_seconds: None,
         }
     }
 }

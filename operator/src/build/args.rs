@@ -140,6 +140,13 @@ pub fn trainer_args(spec: &HeteroTrainingJobSpec, group: &WorkerGroup) -> Vec<St
     push("checkpoint-every", spec.checkpoint.every_steps.to_string());
     push("resume", "auto".into());
     push("metrics-port", spec.metrics_port.to_string());
+    let rp = &spec.run_policy;
+    if let Some(t) = rp.collective_timeout_seconds {
+        push("collective-timeout-secs", t.to_string());
+    }
+    if let Some(t) = rp.rendezvous_timeout_seconds {
+        push("rendezvous-timeout-secs", t.to_string());
+    }
     if spec.profiling.enabled {
         let sizes: Vec<String> = spec
             .profiling

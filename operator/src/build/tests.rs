@@ -281,6 +281,17 @@ fn minimal_job_uses_defaults() {
     assert_eq!(flag(&a, "--threads").as_deref(), Some("1"));
     assert_eq!(flag(&a, "--epochs"), None);
     assert_eq!(flag(&a, "--data-dir"), None);
+    // The trainer's own timeouts unless the run policy sets them.
+    assert_eq!(flag(&a, "--collective-timeout-secs"), None);
+    let mut timed = job.clone();
+    timed.spec.run_policy.collective_timeout_seconds = Some(45);
+    timed.spec.run_policy.rendezvous_timeout_seconds = Some(600);
+    let t = args_of(&desired(&valid(&timed), &inputs(0)).expect("build").pods[1]);
+    assert_eq!(flag(&t, "--collective-timeout-secs").as_deref(), Some("45"));
+    assert_eq!(
+        flag(&t, "--rendezvous-timeout-secs").as_deref(),
+        Some("600")
+    );
     // Checkpoints without a claim: an emptyDir.
     let ck = spec
         .volumes
