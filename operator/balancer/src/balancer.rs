@@ -114,6 +114,7 @@ impl Balancer {
             *n = n.saturating_add(1);
         }
         r.reported_since_decision = true;
+        r.left_out = false;
         r.marked_missing = false;
         r.missed_decisions = 0;
         r.last_batch = Some(batch);
@@ -144,13 +145,15 @@ impl Balancer {
     }
 
     /// The communication per step that no split removes: the smallest
-    /// smoothed exposed communication over the ranks. Under a balanced
+    /// smoothed exposed communication over the ranks that train (not those
+    /// left out of the last decided plan). Under a balanced
     /// plan the rank on the critical path waits for nobody, so what it
     /// reports is the exchange itself; the others add their waiting on
     /// top. 0 before any measurement.
     pub fn communication_seconds(&self) -> f64 {
         self.ranks
             .iter()
+            .filter(|r| !r.left_out)
             .filter_map(|r| r.communication)
             .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
             .unwrap_or(0.0)
@@ -160,6 +163,14 @@ impl Balancer {
     /// keeps its last batch and never gets more.
     pub fn observe_missing(&mut self, rank: usize) -> Result<(), BalancerError> {
         self.rank_mut(rank)?.marked_missing = true;
+        Ok(())
+    }
+
+    /// `rank` answered but trained no samples: it is left out of the plan
+    /// it runs. Not a step sample, but proof that it still reports (it is
+    /// no longer missing, so it can be re-admitted).
+    pub fn observe_idle(&mut self, rank: usize) -> Result<(), BalancerError> {
+        self.rank_mut(rank)?.marked_missing = false;
         Ok(())
     }
 
@@ -199,7 +210,12 @@ impl Balancer {
     /// Balance quality of the latest reported compute times (ranks left out
     /// of the last decided plan have none).
     pub fn quality(&self) -> Quality {
-        let last: Vec<f64> = self.ranks.iter().filter_map(|r| r.last_seconds).collect();
+        let last: Vec<f64> = self
+            .ranks
+            .iter()
+            .filter(|r| !r.left_out)
+            .filter_map(|r| r.last_seconds)
+            .collect();
         balance_quality(&last)
     }
 

@@ -46,6 +46,9 @@ pub(crate) struct RankState {
     /// On a measurement trial after a re-admission: the live samples it
     /// reported since (`None`: not on trial).
     pub trial_samples: Option<u32>,
+    /// Left out of the last decided plan (until it reports a step again):
+    /// its last compute and communication times describe an old plan.
+    pub left_out: bool,
 }
 
 impl RankState {
@@ -68,6 +71,7 @@ impl RankState {
             out_decisions: 0,
             readmit_factor: 1,
             trial_samples: None,
+            left_out: false,
         }
     }
 

@@ -326,16 +326,14 @@ pub(crate) fn start_trials(ranks: &mut [RankState], readmitted: &[usize]) {
     }
 }
 
-/// After a decision that runs `decided`: a left-out rank's last compute
-/// time no longer describes the job; a trial with enough samples is over —
+/// After a decision that runs `decided`: marks the left-out ranks (their
+/// last times no longer describe the job); a trial with enough samples is over —
 /// left out again, the rank's wait doubles (capped), kept in, it resets.
 /// Returns notes for the reason (empty when nothing happened).
 pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerConfig) -> String {
     let mut notes = String::new();
     for (r, (rank, &b)) in ranks.iter_mut().zip(decided).enumerate() {
-        if b == 0 {
-            rank.last_seconds = None;
-        }
+        rank.left_out = b == 0;
         match rank.trial_samples {
             Some(n) if n >= trial_samples_needed(cfg) => {
                 rank.trial_samples = None;

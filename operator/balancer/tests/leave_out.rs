@@ -341,11 +341,45 @@ fn young_measurements_damp_but_never_leave_a_fraction_to_a_left_out_rank() {
 }
 
 #[test]
-fn quality_ignores_the_last_time_of_a_left_out_rank() {
+fn quality_and_communication_ignore_a_left_out_rank() {
     let truth = fast_and_fixed();
-    let (mut bal, p) = left_out_once(config(Policy::Dynamic, 120), &truth);
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    // Rank 3, the slowest, waited for nobody: its exposed time is the least.
+    for (r, s) in [(0, 0.5), (1, 0.5), (2, 0.5), (3, 0.02)] {
+        bal.observe_communication(r, s).expect("valid");
+    }
+    assert!((bal.communication_seconds() - 0.02).abs() < 1e-12);
+    let p = plan_of(&bal.decide(&[30; 4]).expect("decide"));
+    assert_eq!(p[3], 0);
     feed(&mut bal, &p, &truth, 1);
     assert!(bal.quality().cv_percent < 1e-9, "{:?}", bal.quality());
+    assert!((bal.communication_seconds() - 0.5).abs() < 1e-12);
+}
+
+#[test]
+fn a_left_out_rank_that_was_missing_comes_back_once_it_answers_again() {
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, p) = left_out_once(cfg, &truth);
+    // One failed read: stale, so it is not re-admitted while missing.
+    bal.observe_missing(3).expect("rank");
+    for _ in 0..3 {
+        feed(&mut bal, &p, &truth, 20);
+        let d = bal.decide(&p).expect("decide");
+        assert!(d.plan.is_none(), "{}", d.reason);
+        assert_eq!(d.stale_ranks, vec![3]);
+    }
+    // It answers again (with no samples: it is left out) and comes back.
+    bal.observe_idle(3).expect("rank");
+    feed(&mut bal, &p, &truth, 20);
+    let d = bal.decide(&p).expect("decide");
+    assert!(plan_of(&d)[3] >= 1, "{}", d.reason);
+    assert!(d.stale_ranks.is_empty());
+    assert!(bal.observe_idle(9).is_err());
 }
 
 #[test]
