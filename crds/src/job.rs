@@ -509,6 +509,29 @@ pub struct LoadBalancingSpec {
     #[serde(default = "default_straggler")]
     #[schemars(range(min = 100, max = 1000))]
     pub straggler_threshold_percent: u32,
+    /// Leave out slow ranks (default true): with the `proportional`,
+    /// `dynamic` and `hybrid` policies a rank other than rank 0 whose step at
+    /// its smallest local batch is longer than the step the others reach
+    /// without it (a large fixed cost, or a device far slower than the rest)
+    /// gets a local batch of 0: it trains on no samples and takes no part in
+    /// the gradient exchange until it is re-admitted. Status lists it in
+    /// `leftOutRanks`.
+    #[serde(default = "default_true")]
+    pub leave_out_slow_ranks: bool,
+    /// Leaving a rank out must predict a step at least this many percent
+    /// shorter than the best plan that keeps it (default 10), on top of
+    /// `minGainPercent`, so that noise never flaps membership.
+    #[serde(default = "default_leave_out_margin")]
+    #[schemars(range(min = 0, max = 100))]
+    pub leave_out_margin_percent: u32,
+    /// A left-out rank is re-admitted with its share, to be measured again,
+    /// after this many balancing decisions (default 20). If the fresh
+    /// measurements leave it out again the wait doubles, up to 8 times this,
+    /// and resets once it stays in. It also comes back as soon as its last
+    /// measurements predict that including it shortens the step.
+    #[serde(default = "default_readmit_after")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub readmit_after_decisions: u32,
     /// Where live metrics come from.
     #[serde(default)]
     pub metrics_source: MetricsSource,
@@ -528,6 +551,9 @@ impl Default for LoadBalancingSpec {
             min_local_batch: default_min_local_batch(),
             max_local_batch: None,
             straggler_threshold_percent: default_straggler(),
+            leave_out_slow_ranks: true,
+            leave_out_margin_percent: default_leave_out_margin(),
+            readmit_after_decisions: default_readmit_after(),
             metrics_source: MetricsSource::default(),
             prometheus_url: None,
         }
@@ -709,6 +735,11 @@ pub struct HeteroTrainingJobStatus {
     /// How far training is, and how long the rest should take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ProgressStatus>,
+    /// Ranks the current plan leaves out (local batch 0: they train on no
+    /// samples until re-admitted; see `loadBalancing.leaveOutSlowRanks`).
+    /// Omitted when every rank trains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out_ranks: Vec<u32>,
 }
 
 /// Training progress, from rank 0's step and the measured throughput.
@@ -850,6 +881,12 @@ fn default_min_local_batch() -> u32 {
 fn default_straggler() -> u32 {
     150
 }
+fn default_leave_out_margin() -> u32 {
+    10
+}
+fn default_readmit_after() -> u32 {
+    20
+}
 fn default_probe_batches() -> Vec<u32> {
     vec![8, 16, 32]
 }
@@ -882,5 +919,35 @@ mod tests {
             assert_eq!(serde_json::to_value(p).unwrap(), serde_json::json!(text));
         }
         assert!(serde_json::from_value::<BalancePolicy>(serde_json::json!("seedformula")).is_err());
+    }
+
+    #[test]
+    fn leave_out_settings_default_and_left_out_ranks_are_omitted_when_none() {
+        let lb: LoadBalancingSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert_eq!(lb, LoadBalancingSpec::default());
+        assert!(lb.leave_out_slow_ranks);
+        assert_eq!(lb.leave_out_margin_percent, 10);
+        assert_eq!(lb.readmit_after_decisions, 20);
+        let lb: LoadBalancingSpec = serde_json::from_value(serde_json::json!({
+            "leaveOutSlowRanks": false,
+            "leaveOutMarginPercent": 25,
+            "readmitAfterDecisions": 5
+        }))
+        .unwrap();
+        assert!(!lb.leave_out_slow_ranks);
+        assert_eq!(
+            (lb.leave_out_margin_percent, lb.readmit_after_decisions),
+            (25, 5)
+        );
+        let mut s = HeteroTrainingJobStatus::default();
+        assert!(serde_json::to_value(&s)
+            .unwrap()
+            .get("leftOutRanks")
+            .is_none());
+        s.left_out_ranks = vec![3];
+        assert_eq!(
+            serde_json::to_value(&s).unwrap()["leftOutRanks"],
+            serde_json::json!([3])
+        );
     }
 }

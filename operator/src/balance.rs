@@ -31,6 +31,9 @@ pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) ->
         min_gain_percent: lb.min_gain_percent.min(100),
         straggler_factor: (f64::from(lb.straggler_threshold_percent) / 100.0).max(1.01),
         window: window.max(1),
+        leave_out_slow_ranks: lb.leave_out_slow_ranks,
+        leave_out_margin_percent: lb.leave_out_margin_percent.min(100),
+        readmit_after_decisions: lb.readmit_after_decisions.max(1),
         ..BalancerConfig::default()
     }
 }
@@ -123,6 +126,12 @@ impl JobBalancer {
             }
         }
         let Some(batch) = m.local_batch.filter(|b| *b > 0) else {
+            if m.local_batch == Some(0) {
+                // Left out: no samples, but it answers. Its counters restart
+                // when it is re-admitted, so the idle time never counts.
+                let _ = self.inner.observe_idle(rank);
+                self.forget_counters(rank);
+            }
             return false;
         };
         let counters = m.steps_total.zip(m.compute_seconds_total);
@@ -142,7 +151,14 @@ impl JobBalancer {
         }
     }
 
-    /// The caller could not read `rank` this round.
+    fn forget_counters(&mut self, rank: usize) {
+        for slots in [&mut self.last_counters, &mut self.last_communication] {
+            if let Some(slot) = slots.get_mut(rank) {
+                *slot = None;
+            }
+        }
+    }
+
     /// Exposed communication per step since the last sample, from the
     /// rank's step and communication counters.
     fn observe_communication(&mut self, rank: usize, m: &RankMetrics) {
@@ -167,6 +183,7 @@ impl JobBalancer {
         self.inner.communication_seconds()
     }
 
+    /// The caller could not read `rank` this round.
     pub fn missing(&mut self, rank: usize) {
         let _ = self.inner.observe_missing(rank);
     }
@@ -256,10 +273,12 @@ spec:
         job.spec
     }
 
-    /// Rank 1 is 200× slower: the best split gives it one sample, which
-    /// per-rank BatchNorm cannot use; the balancer is floored at 2 then.
-    fn decide_with_a_very_slow_rank(batch_norm: &str) -> Vec<u32> {
-        let s = spec(batch_norm);
+    /// Rank 1 is 200× slower: with every rank in, the best split gives it
+    /// one sample, which per-rank BatchNorm cannot use; the balancer is
+    /// floored at 2 then. (Left to itself, it leaves rank 1 out.)
+    fn decide_with_a_very_slow_rank(batch_norm: &str, leave_out: bool) -> Vec<u32> {
+        let mut s = spec(batch_norm);
+        s.load_balancing.leave_out_slow_ranks = leave_out;
         let mut b = Balancer::new(config_of(&s, Policy::Dynamic, 8), 2).expect("balancer");
         for batch in [8u32, 16, 24, 8, 16, 24] {
             let n = f64::from(batch);
@@ -276,10 +295,60 @@ spec:
     fn local_batch_norm_floors_the_split_at_two() {
         assert_eq!(spec("local").effective_min_local_batch(), 2);
         assert_eq!(spec("sync").effective_min_local_batch(), 1);
-        let synced = decide_with_a_very_slow_rank("sync");
+        let synced = decide_with_a_very_slow_rank("sync", false);
         assert_eq!(synced, vec![31, 1], "sync may give a rank one sample");
-        let local = decide_with_a_very_slow_rank("local");
+        let local = decide_with_a_very_slow_rank("local", false);
         assert_eq!(local, vec![30, 2], "local BatchNorm keeps 2 per rank");
+        // One sample at 0.2 s is 6× rank 0's whole step: rank 1 is left out.
+        for bn in ["sync", "local"] {
+            assert_eq!(decide_with_a_very_slow_rank(bn, true), vec![32, 0], "{bn}");
+        }
+    }
+
+    #[test]
+    fn config_maps_the_leave_out_settings() {
+        let c = config_of(&spec("sync"), Policy::Dynamic, 8);
+        assert!(c.leave_out_slow_ranks);
+        assert_eq!(c.leave_out_margin_percent, 10);
+        assert_eq!(c.readmit_after_decisions, 20);
+        let mut s = spec("sync");
+        s.load_balancing.leave_out_slow_ranks = false;
+        s.load_balancing.leave_out_margin_percent = 25;
+        s.load_balancing.readmit_after_decisions = 7;
+        let c = config_of(&s, Policy::Hybrid, 8);
+        assert!(!c.leave_out_slow_ranks);
+        assert_eq!(c.leave_out_margin_percent, 25);
+        assert_eq!(c.readmit_after_decisions, 7);
+        // Out of the schema's range (objects it never saw): still usable.
+        s.load_balancing.leave_out_margin_percent = 1000;
+        s.load_balancing.readmit_after_decisions = 0;
+        let c = config_of(&s, Policy::Hybrid, 8);
+        assert!(c.validate().is_ok(), "{c:?}");
+    }
+
+    /// A left-out rank reports local batch 0: no sample, and its counters
+    /// restart, so the first sample after re-admission does not average in
+    /// the time it sat idle.
+    #[test]
+    fn a_left_out_rank_gives_no_sample_and_its_counters_restart() {
+        let job = crate::testing::fixture("mixed.yaml");
+        let v = crate::testing::valid(&job);
+        let mut jb = JobBalancer::new(&v, 8).expect("balancer");
+        let metrics = |batch: u32, steps: f64, compute: f64| RankMetrics {
+            steps_total: Some(steps),
+            compute_seconds_total: Some(compute),
+            local_batch: Some(batch),
+            ..RankMetrics::default()
+        };
+        assert!(
+            !jb.observe(1, &metrics(8, 10.0, 1.0)),
+            "first read: baseline"
+        );
+        assert!(jb.observe(1, &metrics(8, 20.0, 2.0)));
+        assert!(!jb.observe(1, &metrics(0, 30.0, 2.0)), "left out");
+        // Back in: the counters moved on, but the baseline is gone.
+        assert!(!jb.observe(1, &metrics(8, 40.0, 3.0)));
+        assert!(jb.observe(1, &metrics(8, 50.0, 4.0)));
     }
 
     /// The operator turns the ranks' step and communication counters into

@@ -35,6 +35,10 @@ pub mod reasons {
     pub const AWAITING_PROFILES: &str = "AwaitingProfiles";
     pub const REBALANCED: &str = "Rebalanced";
     pub const PLAN_KEPT: &str = "PlanKept";
+    /// Event: a new plan gives ranks a local batch of 0 (left out).
+    pub const RANKS_LEFT_OUT: &str = "RanksLeftOut";
+    /// Event: a new plan brings left-out ranks back.
+    pub const RANKS_READMITTED: &str = "RanksReadmitted";
     pub const ALL_RANKS_SUCCEEDED: &str = "AllRanksSucceeded";
     pub const BACKOFF_LIMIT_EXCEEDED: &str = "BackoffLimitExceeded";
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";

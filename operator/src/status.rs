@@ -96,6 +96,11 @@ pub fn next(
     }
     if let Some(p) = &x.plan {
         s.plan_generation = p.generation;
+        s.left_out_ranks = p
+            .left_out()
+            .into_iter()
+            .filter_map(|r| u32::try_from(r).ok())
+            .collect();
     }
     let plan = x.plan.as_ref();
     s.groups = v

@@ -47,6 +47,16 @@ impl Policy {
             Policy::SeedFormula => "seed-formula",
         }
     }
+
+    /// Whether the policy plans from measured step models (profiles or
+    /// live steps): proportional, dynamic and hybrid. Only these may leave
+    /// ranks out.
+    pub fn measures(&self) -> bool {
+        matches!(
+            self,
+            Policy::Proportional | Policy::Dynamic | Policy::Hybrid
+        )
+    }
 }
 
 impl fmt::Display for Policy {
@@ -96,7 +106,24 @@ pub struct BalancerConfig {
     pub prior_weight: f64,
     /// Smallest fraction of the way to the optimum a damped plan moves.
     pub min_damping: f64,
+    /// Measurement policies (proportional, dynamic, hybrid) may give a slow
+    /// rank other than rank 0 a local batch of 0 — leave it out — when the
+    /// others alone finish each step sooner than with it.
+    pub leave_out_slow_ranks: bool,
+    /// Leaving a rank out must also predict a step at least this many
+    /// percent shorter than the best plan that leaves out no further rank,
+    /// so that noise never flaps membership.
+    pub leave_out_margin_percent: u32,
+    /// A left-out rank is re-admitted for measurement after this many
+    /// decisions; each time fresh measurements leave it out again the wait
+    /// doubles (up to [`MAX_READMIT_FACTOR`]×), and it resets once the rank
+    /// stays in.
+    pub readmit_after_decisions: u32,
 }
+
+/// Largest multiple of `readmitAfterDecisions` a rank left out again and
+/// again waits before its next re-admission.
+pub const MAX_READMIT_FACTOR: u32 = 8;
 
 impl Default for BalancerConfig {
     fn default() -> Self {
@@ -112,6 +139,9 @@ impl Default for BalancerConfig {
             stale_after_decisions: 2,
             prior_weight: 20.0,
             min_damping: 0.25,
+            leave_out_slow_ranks: true,
+            leave_out_margin_percent: 10,
+            readmit_after_decisions: 20,
         }
     }
 }
@@ -119,7 +149,8 @@ impl Default for BalancerConfig {
 impl BalancerConfig {
     /// Checks ranges: `straggler_factor > 1`, `window ≥ 1`,
     /// `prior_weight ≥ 0`, `0 < min_damping ≤ 1`, `min_local_batch ≤ max_local_batch`,
-    /// `min_gain_percent ≤ 100`.
+    /// `min_gain_percent ≤ 100`, `leave_out_margin_percent ≤ 100`,
+    /// `readmit_after_decisions ≥ 1`.
     pub fn validate(&self) -> Result<(), BalancerError> {
         let bad = |m: String| Err(BalancerError::InvalidConfig(m));
         if !(self.straggler_factor.is_finite() && self.straggler_factor > 1.0) {
@@ -148,6 +179,18 @@ impl BalancerConfig {
                 "minGainPercent must be ≤ 100, got {}",
                 self.min_gain_percent
             ));
+        }
+        if self.leave_out_margin_percent > 100 {
+            return bad(format!(
+                "leaveOutMarginPercent must be ≤ 100, got {}",
+                self.leave_out_margin_percent
+            ));
+        }
+        if self.readmit_after_decisions == 0 {
+            return bad(
+                "readmitAfterDecisions must be ≥ 1 (a left-out rank must be able to come back)"
+                    .into(),
+            );
         }
         if let Some(max) = self.max_local_batch {
             if max < self.min_local_batch {
@@ -190,8 +233,18 @@ mod tests {
         assert_eq!(c.min_gain_percent, 10);
         assert_eq!(c.straggler_factor, 1.5);
         assert_eq!(c.window, 20);
+        assert!(c.leave_out_slow_ranks);
+        assert_eq!(c.leave_out_margin_percent, 10);
+        assert_eq!(c.readmit_after_decisions, 20);
         let v = serde_json::to_value(&c).expect("json");
         assert!(v.get("stragglerFactor").is_some());
+        for key in [
+            "leaveOutSlowRanks",
+            "leaveOutMarginPercent",
+            "readmitAfterDecisions",
+        ] {
+            assert!(v.get(key).is_some(), "{key} missing in {v}");
+        }
         assert!(c.validate().is_ok());
     }
 
@@ -218,5 +271,17 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().is_err());
+        let c = BalancerConfig {
+            readmit_after_decisions: 0,
+            ..Default::default()
+        };
+        let e = c.validate().expect_err("readmit 0");
+        assert!(e.to_string().contains("readmitAfterDecisions"), "{e}");
+        let c = BalancerConfig {
+            leave_out_margin_percent: 101,
+            ..Default::default()
+        };
+        let e = c.validate().expect_err("margin 101");
+        assert!(e.to_string().contains("leaveOutMarginPercent"), "{e}");
     }
 }

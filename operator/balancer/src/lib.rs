@@ -6,7 +6,9 @@
 //!   robustly from profiles and live measurements.
 //! - [`split`]: the optimal integer split (water-filling + greedy fix-up).
 //! - [`Balancer`]: policies (`static`, `proportional`, `dynamic`, `hybrid`,
-//!   `seed-formula`) with hysteresis, damping, straggler and staleness rules.
+//!   `seed-formula`) with hysteresis, damping, straggler and staleness rules;
+//!   the measurement policies leave out ranks that only slow the step down
+//!   (local batch 0; never rank 0) and re-admit them for measurement.
 //! - [`quality`]: coefficient of variation of per-rank compute time.
 //! - [`sim`]: a discrete-event simulator of synchronous ranks that runs the
 //!   policies at scale (used by the `heterotrain-sim` and
@@ -17,6 +19,8 @@
 
 mod balancer;
 mod config;
+mod decide;
+mod decision;
 mod error;
 pub mod model;
 mod policy;
@@ -24,9 +28,11 @@ pub mod quality;
 mod rank;
 pub mod sim;
 pub mod split;
+mod subset;
 
-pub use balancer::{Balancer, Decision};
-pub use config::{BalancerConfig, Policy};
+pub use balancer::Balancer;
+pub use config::{BalancerConfig, Policy, MAX_READMIT_FACTOR};
+pub use decision::Decision;
 pub use error::{BalancerError, SplitError};
 pub use model::{fit_profile, StepModel};
 pub use policy::seed_scores;

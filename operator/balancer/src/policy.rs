@@ -11,6 +11,8 @@ pub(crate) struct PolicyModels {
     pub models: Vec<StepModel>,
     /// Ranks with data of their own for this policy.
     pub known: usize,
+    /// Per rank: whether its model is its own (not the median fallback).
+    pub has_data: Vec<bool>,
     /// Ranks whose model is live-fitted from fewer than half a window of
     /// samples (and not a deliberate straggler re-fit), with that count.
     pub young: Vec<(usize, u64)>,
@@ -80,6 +82,7 @@ pub(crate) fn policy_models(
     let mut a: Vec<f64> = own.iter().flatten().map(|m| m.fixed_seconds).collect();
     let mut c: Vec<f64> = own.iter().flatten().map(|m| m.per_sample_seconds).collect();
     let known = c.len();
+    let has_data = own.iter().map(Option::is_some).collect();
     let fallback = match (median(&mut a), median(&mut c)) {
         (Some(a), Some(c)) => StepModel {
             fixed_seconds: a,
@@ -123,6 +126,7 @@ pub(crate) fn policy_models(
     PolicyModels {
         models,
         known,
+        has_data,
         young,
         relative_error,
     }

@@ -36,6 +36,19 @@ pub(crate) struct RankState {
     /// Exposed communication per step (seconds, exponentially smoothed):
     /// the step time this rank spent not computing.
     pub communication: Option<f64>,
+    /// Decisions in a row this rank has been left out (batch 0 in the
+    /// current plan).
+    pub out_decisions: u32,
+    /// Multiple of `readmitAfterDecisions` this rank waits while left out:
+    /// 1, doubled each time fresh measurements leave it out again (capped),
+    /// back to 1 once it stays in.
+    pub readmit_factor: u32,
+    /// On a measurement trial after a re-admission: the live samples it
+    /// reported since (`None`: not on trial).
+    pub trial_samples: Option<u32>,
+    /// Left out of the last decided plan (until it reports a step again):
+    /// its last compute and communication times describe an old plan.
+    pub left_out: bool,
 }
 
 impl RankState {
@@ -55,6 +68,10 @@ impl RankState {
             profile_trusted: true,
             refits_since_decision: 0,
             communication: None,
+            out_decisions: 0,
+            readmit_factor: 1,
+            trial_samples: None,
+            left_out: false,
         }
     }
 

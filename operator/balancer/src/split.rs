@@ -59,12 +59,15 @@ pub fn optimal_split_bounded(
     })
 }
 
-/// Predicted step time of `batches` under `models`: `max_r t_r(b_r)`
-/// (0 for no ranks; extra entries of the longer slice are ignored).
+/// Predicted step time of `batches` under `models`: `max_r t_r(b_r)` over
+/// the ranks that train. A rank with batch 0 is left out of the step and
+/// adds nothing, not even its fixed cost (0 for no ranks; extra entries of
+/// the longer slice are ignored).
 pub fn max_step(models: &[StepModel], batches: &[u32]) -> f64 {
     models
         .iter()
         .zip(batches)
+        .filter(|(_, &b)| b > 0)
         .map(|(m, &b)| m.predict(b))
         .fold(0.0, f64::max)
 }
@@ -160,6 +163,10 @@ fn water_level(
     upper: &[u32],
 ) -> Result<Level, BalancerError> {
     validate(models, global, lower, upper)?;
+    if global == 0 {
+        // Every rank at 0 (only possible with lower bounds of 0): nobody trains.
+        return Ok(Level { lo: 0.0, hi: 0.0 });
+    }
     let target = f64::from(global);
     let fill = |t: f64| -> f64 {
         models
@@ -168,16 +175,20 @@ fn water_level(
             .map(|(m, (&lo, &hi))| clamp_real(m.batch_at(t), lo, hi))
             .sum()
     };
-    // At lo every rank sits at its lower bound, at hi at its cap.
-    let mut lo = models
-        .iter()
-        .zip(lower)
-        .map(|(m, &l)| m.predict(l))
+    // At lo every rank sits at its lower bound, at hi at its cap. Ranks
+    // capped at 0 (left out) take no part: they stay at 0 whatever the level.
+    let taking_part = || {
+        models
+            .iter()
+            .zip(lower.iter().zip(upper))
+            .filter(|(_, (_, &hi))| hi > 0)
+    };
+    // Some rank takes part: Σ caps ≥ global > 0 was checked.
+    let mut lo = taking_part()
+        .map(|(m, (&l, _))| m.predict(l))
         .fold(f64::INFINITY, f64::min);
-    let mut hi = models
-        .iter()
-        .zip(upper)
-        .map(|(m, &u)| m.predict(u))
+    let mut hi = taking_part()
+        .map(|(m, (_, &u))| m.predict(u))
         .fold(0.0, f64::max);
     for _ in 0..200 {
         let mid = 0.5 * (lo + hi);
@@ -420,8 +431,27 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_capped_at_zero_gets_nothing_and_adds_nothing() {
+        // Rank 1's fixed cost alone (5 s) is longer than rank 0's whole step.
+        let models = [m(0.1, 0.01), m(5.0, 1.0), m(0.1, 0.02)];
+        let s = optimal_split_bounded(&models, 30, &[1, 0, 1], &[30, 0, 30]).expect("split");
+        assert_eq!(s.batches[1], 0);
+        assert_eq!(s.batches.iter().sum::<u32>(), 30);
+        assert_eq!(s.batches, vec![20, 0, 10]);
+        assert!((s.step_seconds - 0.3).abs() < 1e-12, "{s:?}");
+        assert_eq!(max_step(&models, &[20, 0, 10]), s.step_seconds);
+        // With it at batch 1 its fixed cost dominates the step.
+        assert!((max_step(&models, &[19, 1, 10]) - 6.0).abs() < 1e-12);
+        let (x, _) = continuous_split(&models, 30, &[1, 0, 1], &[30, 0, 30]).expect("split");
+        assert_eq!(x[1], 0.0);
+    }
+
+    #[test]
     fn round_to_sum_is_exact() {
         let b = round_to_sum(&[1.5, 1.5, 2.0], 5, &[1; 3], &[5; 3]).expect("round");
         assert_eq!(b, vec![2, 1, 2]);
+        // A rank bounded to [0, 0] stays at 0 even with a fractional target.
+        let b = round_to_sum(&[2.6, 0.4, 2.0], 5, &[1, 0, 1], &[5, 0, 5]).expect("round");
+        assert_eq!(b, vec![3, 0, 2]);
     }
 }

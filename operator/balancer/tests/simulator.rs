@@ -1,6 +1,6 @@
 //! The "Done when" checks, run through the simulator.
 
-use heterotrain_balancer::sim::{run, RunReport, Scenario};
+use heterotrain_balancer::sim::{run, run_with, sim_config, RunReport, Scenario};
 use heterotrain_balancer::{continuous_split, max_step, optimal_split, Policy, StepModel};
 
 fn scenario(name: &str) -> Scenario {
@@ -176,4 +176,36 @@ fn big_cluster_dynamic_is_near_ideal_at_steady_state() {
     assert!(r.plan_changes <= 3, "{}", r.plan_changes);
     let st = run(&s, Policy::Static, 1).expect("run");
     assert!(st.steady_efficiency < 0.2, "{}", st.steady_efficiency);
+}
+
+#[test]
+fn a_very_slow_node_is_left_out_and_the_job_runs_at_the_best_subsets_speed() {
+    let s = Scenario {
+        steps: 1200, // 60 decisions: the slow node is re-admitted twice
+        ..scenario("slow-node")
+    };
+    for policy in [Policy::Proportional, Policy::Dynamic, Policy::Hybrid] {
+        let r = run(&s, policy, 1).expect("run");
+        assert!(
+            r.steady_efficiency >= 0.97,
+            "{policy}: {}",
+            r.steady_efficiency
+        );
+        assert_eq!(r.final_plan.len(), 5);
+        assert_eq!(r.final_plan[4], 0, "{policy}: {}", r.last_reason);
+        assert!(r.final_plan[0] >= 1);
+        assert!(
+            r.last_reason.contains("left out: rank 4"),
+            "{}",
+            r.last_reason
+        );
+    }
+    // Keeping every rank in, each step waits for the slow node.
+    let cfg = heterotrain_balancer::BalancerConfig {
+        leave_out_slow_ranks: false,
+        ..sim_config(&s, Policy::Dynamic)
+    };
+    let all = run_with(&s, cfg, 1).expect("run");
+    assert!(all.steady_efficiency < 0.93, "{}", all.steady_efficiency);
+    assert!(all.final_plan[4] >= 1);
 }

@@ -180,6 +180,38 @@ fn running_gang_balances_and_requeues_by_its_deadline() {
     assert_eq!(s.plan_generation, 3);
     assert_eq!(s.groups[0].batch_sizes, [20, 12]);
     assert_eq!(s.groups[0].ready, 2);
+    assert!(s.left_out_ranks.is_empty());
+}
+
+#[test]
+fn a_plan_that_leaves_a_rank_out_is_reported_in_status() {
+    let c = Case::load("running_left_out");
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Running);
+    assert!(d.balance);
+    assert!(
+        d.delete_pods.is_empty() && d.create_ranks.is_empty(),
+        "its pod stays"
+    );
+    assert_eq!(s.plan_generation, 4);
+    assert_eq!(s.groups[0].batch_sizes, [32, 0]);
+    assert_eq!(s.left_out_ranks, [1]);
+    let json = serde_json::to_value(&s).expect("json");
+    assert_eq!(json["leftOutRanks"], serde_json::json!([1]));
+
+    // Re-admitted: the list empties (and leaves the JSON).
+    let mut back = Case::load("running_left_out");
+    back.job.status.as_mut().expect("status").left_out_ranks = vec![1];
+    if let Some(p) = back.plan.as_mut() {
+        p.generation = 5;
+        p.batch_sizes = vec![31, 1];
+    }
+    let (_, s) = back.run();
+    assert!(s.left_out_ranks.is_empty());
+    assert!(serde_json::to_value(&s)
+        .expect("json")
+        .get("leftOutRanks")
+        .is_none());
 }
 
 #[test]

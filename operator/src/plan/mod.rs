@@ -2,7 +2,8 @@
 //! split of cached profiles), read back and checked against the job,
 //! advanced to the next generation, and written to the ConfigMap
 //! `<job>-plan` ([`configmap`]). The invariants are the plan contract of
-//! docs/design.md: one entry per rank, each ≥ 1, Σ = B, generations grow.
+//! docs/design.md: one entry per rank, rank 0's ≥ 1 (others ≥ 0: 0 leaves
+//! a rank out), Σ = B, generations grow.
 
 mod configmap;
 
@@ -50,7 +51,7 @@ pub fn read(cm: Option<&ConfigMap>) -> Stored {
     }
 }
 
-/// Check `plan` against the job: one entry per rank, each ≥ 1, Σ = B.
+/// Check `plan` against the job: one entry per rank, rank 0's ≥ 1, Σ = B.
 pub fn check(v: &ValidatedJob, plan: &BatchPlan) -> Result<(), PlanError> {
     plan.validate_for(v.ranks(), v.global_batch)
 }

@@ -3,11 +3,13 @@
 //! trained `loadBalancing.rebalanceIntervalSteps` steps since the last
 //! decision and at least `--rebalance-interval` has passed
 //! ([`clock::decision_due`]) decide, and when a new plan comes out write
-//! generation+1, emit `Rebalanced` and record the decision and balance
-//! quality for status ([`step`]). [`Rebalancer`] owns the per-job state,
+//! generation+1, emit `Rebalanced` (and `RanksLeftOut` / `RanksReadmitted`
+//! when the ranks that train change, [`membership`]) and record the
+//! decision and balance quality for status ([`step`]). [`Rebalancer`] owns the per-job state,
 //! keyed by [`JobKey`]; it is dropped when the job or its gang goes away.
 
 pub mod clock;
+mod membership;
 mod profiles;
 mod source;
 mod state;

@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
 use super::state::JobState;
-use super::{profiles, source, Deps};
+use super::{membership, profiles, source, Deps};
 use crate::conditions::{reasons, types, Desired};
 use crate::error::Error;
 use crate::events::{self, EventSpec};
@@ -189,6 +189,9 @@ pub(super) async fn step(
         },
     )
     .await;
+    for e in membership::events(&current, &plan) {
+        events::publish(deps.recorder, v.job, &e).await;
+    }
     x.conditions.push(Desired::yes(
         types::REBALANCED,
         reasons::REBALANCED,

@@ -1,8 +1,10 @@
 //! `heterotrain-bench-balancer`: the balancer benchmark (`make
 //! bench-balancer`). Prints (1) efficiency per policy on the `big` scenario
-//! (1,024 ranks × 8 device types, 5% noise) and (2) plan computation time
-//! for 10, 1,000 and 10,000 ranks, median of several runs. Numbers, not
-//! pass/fail: build with `--release`.
+//! (1,024 ranks × 8 device types, 5% noise), (2) the same on `slow-node`
+//! (a node of speed 0.05 the best plan leaves out; 1,200 steps, long enough
+//! for its re-admissions) and (3) plan computation time for 10, 1,000 and
+//! 10,000 ranks, median of several runs. Numbers, not pass/fail: build with
+//! `--release`.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -29,6 +31,10 @@ struct Args {
     seed: u64,
 }
 
+/// Steps of the `slow-node` run: 60 decisions, so the left-out node is
+/// re-admitted for measurement (and left out again) twice.
+const SLOW_NODE_STEPS: u64 = 1200;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -45,6 +51,12 @@ fn run(args: &Args) -> Result<(), String> {
     big.steps = args.steps;
     let report = run_all(&big, &Policy::ALL, args.seed).map_err(|e| e.to_string())?;
     println!("## Efficiency per policy\n");
+    print!("{}", report.table());
+    println!();
+    let mut slow = Scenario::builtin("slow-node").ok_or("no slow-node scenario")?;
+    slow.steps = SLOW_NODE_STEPS;
+    let report = run_all(&slow, &Policy::ALL, args.seed).map_err(|e| e.to_string())?;
+    println!("## A very slow node (left out by the measurement policies)\n");
     print!("{}", report.table());
     println!();
     println!("## Plan computation time (median of {} runs)\n", args.runs);

@@ -33,18 +33,47 @@ impl Live {
     }
 }
 
-/// The oracle: per-rank compute time when every rank finishes together
-/// under the true models (continuous water-filling).
+/// The oracle: per-rank compute time when every rank that trains finishes
+/// together under the true models (continuous water-filling), over the
+/// best membership — every rank, or without the slowest ranks other than
+/// rank 0 when they only slow the step down (their time is then 0).
 fn oracle_times(ranks: &[Live], cfg: &BalancerConfig) -> Result<Vec<f64>, BalancerError> {
     let models: Vec<StepModel> = ranks.iter().map(Live::truth).collect();
-    let lower = vec![cfg.min_local_batch; ranks.len()];
-    let upper: Vec<u32> = ranks.iter().map(|r| r.rank.max_batch).collect();
-    let (x, _) = continuous_split(&models, cfg.global_batch_size, &lower, &upper)?;
-    Ok(models
-        .iter()
-        .zip(&x)
-        .map(|(m, &b)| m.fixed_seconds + m.per_sample_seconds * b)
-        .collect())
+    let global = cfg.global_batch_size;
+    let mut lower = vec![cfg.min_local_batch; ranks.len()];
+    let mut upper: Vec<u32> = ranks.iter().map(|r| r.rank.max_batch).collect();
+    let times = |x: &[f64]| -> Vec<f64> {
+        models
+            .iter()
+            .zip(x)
+            .map(|(m, &b)| {
+                if b > 0.0 {
+                    m.fixed_seconds + m.per_sample_seconds * b
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    let slowest = |t: &[f64]| t.iter().copied().fold(0.0, f64::max);
+    let (x, level) = continuous_split(&models, global, &lower, &upper)?;
+    let mut best = times(&x);
+    let smallest = |r: usize| models[r].predict(cfg.min_local_batch.max(1));
+    let mut slow: Vec<usize> = (1..ranks.len()).filter(|&r| smallest(r) > level).collect();
+    slow.sort_by(|&p, &q| smallest(q).total_cmp(&smallest(p)));
+    for r in slow {
+        (lower[r], upper[r]) = (0, 0);
+        match continuous_split(&models, global, &lower, &upper) {
+            Ok((y, _)) => {
+                let t = times(&y);
+                if slowest(&t) < slowest(&best) {
+                    best = t;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    Ok(best)
 }
 
 fn noise_factor(rng: &mut Rng, noise: f64, outlier_rate: f64) -> f64 {
@@ -164,16 +193,21 @@ pub fn run_with(
         for (i, r) in ranks.iter().enumerate() {
             let f = noise_factor(&mut rng, sc.noise, sc.outlier_rate);
             let b = plan.get(i).copied().unwrap_or(0);
-            let t = r.truth().predict(b) * f;
+            // A left-out rank (batch 0) trains nothing this step.
+            let t = if b > 0 { r.truth().predict(b) * f } else { 0.0 };
             compute.push(t);
             slowest = slowest.max(t);
             ideal_slowest = ideal_slowest.max(oracle.get(i).copied().unwrap_or(0.0) * f);
         }
         let step_time = slowest + sc.allreduce_seconds;
         let ideal_step = ideal_slowest + sc.allreduce_seconds;
-        let cv = balance_quality(&compute).cv_percent;
+        let trained: Vec<f64> = compute.iter().copied().filter(|&t| t > 0.0).collect();
+        let cv = balance_quality(&trained).cv_percent;
         for (i, &t) in compute.iter().enumerate() {
             let b = plan.get(i).copied().unwrap_or(0);
+            if b == 0 {
+                continue; // left out: nothing to report
+            }
             // Simulated ranks always report valid samples; ignore rejections.
             let _ = bal.observe_step(i, b, t);
             let mem = f64::from(b) / f64::from(ranks[i].rank.max_batch.max(1));

@@ -102,13 +102,14 @@ pub struct Scenario {
 }
 
 /// Names of the built-in scenarios.
-pub const BUILTIN_SCENARIOS: [&str; 6] = [
+pub const BUILTIN_SCENARIOS: [&str; 7] = [
     "four-rank",
     "throttle",
     "homogeneous",
     "join",
     "mixed",
     "big",
+    "slow-node",
 ];
 
 /// Per-sample seconds of the fastest rank in the abstract scenarios.
@@ -123,7 +124,10 @@ impl Scenario {
     /// - `homogeneous`: 8 identical A100s, 5% noise;
     /// - `join`: `four-rank`, and a rank of speed 0.8 joins at step 200;
     /// - `mixed`: one rank of each of the 9 device types, B = 576;
-    /// - `big`: 1,024 ranks, 128 of each of 8 device types, B = 131,072, 5% noise.
+    /// - `big`: 1,024 ranks, 128 of each of 8 device types, B = 131,072, 5% noise;
+    /// - `slow-node`: four ranks of speed 1 and one of speed 0.05, B = 64: even
+    ///   at batch 1 the slow rank's step is longer than the others' whole
+    ///   step, so the best plan leaves it out.
     pub fn builtin(name: &str) -> Option<Scenario> {
         let four: Vec<SimRank> = [1.0, 0.7, 0.4, 0.25]
             .iter()
@@ -199,6 +203,16 @@ impl Scenario {
                 global_batch: 131_072,
                 allreduce_seconds: 0.050,
                 noise: 0.05,
+                ..base
+            },
+            "slow-node" => Scenario {
+                description: "4 ranks of speed 1 and one of speed 0.05, B = 64 (best without it)"
+                    .into(),
+                ranks: [1.0, 1.0, 1.0, 1.0, 0.05]
+                    .iter()
+                    .map(|&s| SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024))
+                    .collect(),
+                global_batch: 64,
                 ..base
             },
             _ => return None,

@@ -1,0 +1,473 @@
+//! Leaving slow ranks out ("never slower than the best subset").
+//!
+//! Including a rank costs the step at least its time at the smallest batch
+//! it may get. When that is longer than the step the other ranks reach
+//! without it — a large fixed cost, or a device far slower than the rest —
+//! every step waits for it, and the job is faster with the rank given 0
+//! samples. [`choose`] compares the best split over all ranks with splits
+//! that leave out the slowest ranks; the rest of this module keeps the
+//! per-rank bookkeeping that brings left-out ranks back for measurement.
+//!
+//! Rank 0 (it writes checkpoints) is never left out, nor is a stale rank
+//! (it stays pinned) or one without data of its own.
+
+use std::fmt::Write as _;
+
+use crate::config::MAX_READMIT_FACTOR;
+use crate::decision::ranks_named;
+use crate::rank::RankState;
+use crate::split::{optimal_split_bounded, round_to_sum};
+use crate::{BalancerConfig, BalancerError, StepModel};
+
+/// A split chosen over the candidate memberships.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Choice {
+    /// Local batch per rank (0: left out); sums to the global batch.
+    pub batches: Vec<u32>,
+    /// Its predicted step, seconds (ranks with 0 add nothing).
+    pub step_seconds: f64,
+    /// Predicted step of the best split in which every rank that may
+    /// train does, seconds.
+    pub all_ranks_step_seconds: f64,
+    /// The eligible ranks this choice leaves out, in order.
+    pub left_out: Vec<usize>,
+    /// Left-out ranks that stay out because ranks pinned at their batch
+    /// leave no samples for them.
+    pub no_room: Vec<usize>,
+}
+
+/// The least rank `r` adds to a step when it trains: its step at the
+/// smallest batch it may get.
+fn smallest_step(model: &StepModel, lower: u32) -> f64 {
+    model.predict(lower.max(1))
+}
+
+/// The best split over candidate memberships: every rank in, or the `k`
+/// slowest of the `eligible` ranks left out (slowest by [`smallest_step`];
+/// only ranks whose smallest step exceeds the all-ranks water level can
+/// shorten the step by leaving, so only those are tried), or the
+/// `current_out` ranks kept out.
+///
+/// A membership that leaves out no rank beyond `current_out` wins on the
+/// predicted step alone (ties go to fewer ranks out, so a left-out rank
+/// comes back as soon as including it pays); one that leaves out a further
+/// rank must beat the best of those by `margin_percent` as well.
+///
+/// `lower`/`upper` are the bounds with every rank in. Errors only when the
+/// all-ranks split itself is infeasible; an infeasible subset is skipped.
+pub(crate) fn choose(
+    models: &[StepModel],
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+    eligible: &[usize],
+    current_out: &[usize],
+    margin_percent: u32,
+) -> Result<Choice, BalancerError> {
+    let zeroed = |set: &[usize]| {
+        let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
+        for &r in set {
+            lo[r] = 0;
+            hi[r] = 0;
+        }
+        (lo, hi)
+    };
+    // Ranks pinned at their batch (stale) may leave no room to bring the
+    // left-out ranks back: then they stay out.
+    let (all, no_room) = match optimal_split_bounded(models, global, lower, upper) {
+        Ok(s) => (s, Vec::new()),
+        Err(e) if !current_out.is_empty() => {
+            let (lo, hi) = zeroed(current_out);
+            let s = optimal_split_bounded(models, global, &lo, &hi).map_err(|_| e)?;
+            (s, current_out.to_vec())
+        }
+        Err(e) => return Err(e),
+    };
+    let mut slow: Vec<(usize, f64)> = eligible
+        .iter()
+        .filter(|&&r| r != 0 && r < models.len() && !no_room.contains(&r))
+        .map(|&r| (r, smallest_step(&models[r], lower[r])))
+        .filter(|&(_, t)| t > all.water_level_seconds)
+        .collect();
+    // Slowest first; among equals the higher rank leaves first.
+    slow.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+    let everyone = Choice {
+        all_ranks_step_seconds: all.step_seconds,
+        step_seconds: all.step_seconds,
+        batches: all.batches,
+        left_out: Vec::new(),
+        no_room: no_room.clone(),
+    };
+    if slow.is_empty() {
+        return Ok(everyone);
+    }
+
+    let without = |set: &[usize]| -> Option<(Choice, f64)> {
+        let mut out = set.to_vec();
+        out.extend_from_slice(&no_room);
+        let (lo, hi) = zeroed(&out);
+        let s = optimal_split_bounded(models, global, &lo, &hi).ok()?;
+        let mut left_out = set.to_vec();
+        left_out.sort_unstable();
+        Some((
+            Choice {
+                batches: s.batches,
+                step_seconds: s.step_seconds,
+                all_ranks_step_seconds: everyone.all_ranks_step_seconds,
+                left_out,
+                no_room: no_room.clone(),
+            },
+            s.water_level_seconds,
+        ))
+    };
+    let mut tried: Vec<Choice> = Vec::new();
+    let kept: Vec<usize> = slow
+        .iter()
+        .map(|&(r, _)| r)
+        .filter(|r| current_out.contains(r))
+        .collect();
+    if !kept.is_empty() {
+        tried.extend(without(&kept).map(|(c, _)| c));
+    }
+    let mut best = tried
+        .iter()
+        .map(|c| c.step_seconds)
+        .fold(everyone.step_seconds, f64::min);
+    for k in 1..=slow.len() {
+        let set: Vec<usize> = slow[..k].iter().map(|&(r, _)| r).collect();
+        // Less capacity with every rank removed: once infeasible, always.
+        let Some((c, level)) = without(&set) else {
+            break;
+        };
+        best = best.min(c.step_seconds);
+        tried.push(c);
+        // Removing ranks only raises the water level, a lower bound on
+        // every larger subset's step.
+        if level >= best {
+            break;
+        }
+    }
+
+    let only_current = |c: &Choice| c.left_out.iter().all(|r| current_out.contains(r));
+    let better = |a: &Choice, b: &Choice| {
+        a.step_seconds < b.step_seconds
+            || (a.step_seconds == b.step_seconds && a.left_out.len() < b.left_out.len())
+    };
+    let mut base = everyone;
+    for c in tried.iter().filter(|c| only_current(c)) {
+        if better(c, &base) {
+            base = c.clone();
+        }
+    }
+    let threshold = base.step_seconds * (1.0 - f64::from(margin_percent.min(100)) / 100.0);
+    let mut chosen: Option<Choice> = None;
+    for c in tried
+        .into_iter()
+        .filter(|c| !only_current(c) && c.step_seconds < threshold)
+    {
+        if chosen.as_ref().is_none_or(|best| better(&c, best)) {
+            chosen = Some(c);
+        }
+    }
+    Ok(chosen.unwrap_or(base))
+}
+
+impl Choice {
+    /// Why its ranks are left out, e.g. "rank 3 left out: its fixed cost
+    /// 0.41 s/step exceeds the 0.12 s step the others reach without it;
+    /// predicted step 0.12 s vs 0.45 s with it" (empty when none is).
+    pub fn leave_out_note(
+        &self,
+        models: &[StepModel],
+        lower: &[u32],
+        margin_percent: u32,
+    ) -> String {
+        let mut s = String::new();
+        if !self.no_room.is_empty() {
+            let _ = write!(
+                s,
+                "{} stay left out: the ranks kept at their batch leave no samples to share; ",
+                ranks_named(&self.no_room)
+            );
+        }
+        for &r in &self.left_out {
+            let (Some(m), Some(&lo)) = (models.get(r), lower.get(r)) else {
+                continue;
+            };
+            let others = secs(self.step_seconds);
+            if m.fixed_seconds >= self.step_seconds {
+                let _ = write!(
+                    s,
+                    "rank {r} left out: its fixed cost {}/step exceeds the {others} step the others reach without it; ",
+                    secs(m.fixed_seconds)
+                );
+            } else {
+                let b = lo.max(1);
+                let _ = write!(
+                    s,
+                    "rank {r} left out: even at batch {b} its step takes {}, longer than the {others} step the others reach without it; ",
+                    secs(m.predict(b))
+                );
+            }
+        }
+        if !self.left_out.is_empty() {
+            let _ = write!(
+                s,
+                "predicted step {} vs {} with {} (leaveOutMarginPercent {margin_percent}%)",
+                secs(self.step_seconds),
+                secs(self.all_ranks_step_seconds),
+                if self.left_out.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            );
+        }
+        s.trim_end_matches("; ").to_string()
+    }
+}
+
+/// Damped move from `current` towards `plan`, `alpha` of the way, as
+/// integers summing to `global` within the bounds. A rank whose membership
+/// changes (left out, or back in) takes its target at once — a left-out
+/// rank never keeps a fraction of its old batch — and the ranks that train
+/// in both plans share the rest in proportion to their damped targets.
+/// `None` when the rounding cannot be made exact.
+pub(crate) fn damp(
+    current: &[u32],
+    plan: &[u32],
+    alpha: f64,
+    global: u32,
+    lower: &[u32],
+    upper: &[u32],
+) -> Option<Vec<u32>> {
+    let same = |r: usize| (current[r] == 0) == (plan[r] == 0);
+    let n = plan.len().min(current.len());
+    let mut x: Vec<f64> = (0..n)
+        .map(|r| {
+            let (c, p) = (f64::from(current[r]), f64::from(plan[r]));
+            if same(r) {
+                c + alpha * (p - c)
+            } else {
+                p
+            }
+        })
+        .collect();
+    if (0..n).any(|r| !same(r)) {
+        let fixed: f64 = (0..n).filter(|&r| !same(r)).map(|r| x[r]).sum();
+        let damped: f64 = (0..n).filter(|&r| same(r)).map(|r| x[r]).sum();
+        if damped <= 0.0 {
+            return None;
+        }
+        let scale = (f64::from(global) - fixed) / damped;
+        for r in (0..n).filter(|&r| same(r)) {
+            x[r] *= scale;
+        }
+    }
+    let out = |r: usize, v: u32| if plan[r] == 0 { 0 } else { v };
+    let lo: Vec<u32> = (0..n).map(|r| out(r, lower[r])).collect();
+    let hi: Vec<u32> = (0..n).map(|r| out(r, upper[r])).collect();
+    round_to_sum(&x, global, &lo, &hi)
+}
+
+/// Live samples a re-admitted rank must report before fresh measurements
+/// may leave it out again: enough for a fast re-fit when it changed.
+pub(crate) fn trial_samples_needed(cfg: &BalancerConfig) -> u32 {
+    cfg.straggler_patience.max(1)
+}
+
+/// Decisions `rank` waits, left out, before its next re-admission.
+pub(crate) fn readmit_wait(rank: &RankState, cfg: &BalancerConfig) -> u32 {
+    cfg.readmit_after_decisions
+        .max(1)
+        .saturating_mul(rank.readmit_factor.clamp(1, MAX_READMIT_FACTOR))
+}
+
+/// Counts one more decision left out for each rank with 0 in `current`
+/// (and restarts the count of the others).
+pub(crate) fn count_left_out(ranks: &mut [RankState], current: &[u32]) {
+    for (r, &b) in ranks.iter_mut().zip(current) {
+        r.out_decisions = if b == 0 {
+            r.out_decisions.saturating_add(1)
+        } else {
+            0
+        };
+    }
+}
+
+/// The left-out ranks of `current` whose wait is over (never a stale one:
+/// it could not be measured).
+pub(crate) fn due_for_readmission(
+    ranks: &[RankState],
+    current: &[u32],
+    stale: &[usize],
+    cfg: &BalancerConfig,
+) -> Vec<usize> {
+    (1..ranks.len().min(current.len()))
+        .filter(|&r| current[r] == 0 && !stale.contains(&r))
+        .filter(|&r| ranks[r].out_decisions >= readmit_wait(&ranks[r], cfg))
+        .collect()
+}
+
+/// Whether `rank` is on a measurement trial that has not yet produced the
+/// samples its verdict needs (it may not be left out until it has).
+pub(crate) fn on_open_trial(rank: &RankState, cfg: &BalancerConfig) -> bool {
+    rank.trial_samples
+        .is_some_and(|n| n < trial_samples_needed(cfg))
+}
+
+/// Starts the measurement trials of `readmitted`.
+pub(crate) fn start_trials(ranks: &mut [RankState], readmitted: &[usize]) {
+    for &r in readmitted {
+        if let Some(rank) = ranks.get_mut(r) {
+            rank.trial_samples = Some(0);
+            rank.out_decisions = 0;
+        }
+    }
+}
+
+/// After a decision that runs `decided`: marks the left-out ranks (their
+/// last times no longer describe the job); a trial with enough samples is over —
+/// left out again, the rank's wait doubles (capped), kept in, it resets.
+/// Returns notes for the reason (empty when nothing happened).
+pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerConfig) -> String {
+    let mut notes = String::new();
+    for (r, (rank, &b)) in ranks.iter_mut().zip(decided).enumerate() {
+        rank.left_out = b == 0;
+        match rank.trial_samples {
+            Some(n) if n >= trial_samples_needed(cfg) => {
+                rank.trial_samples = None;
+                if b == 0 {
+                    rank.readmit_factor = (rank.readmit_factor * 2).min(MAX_READMIT_FACTOR);
+                    let _ = write!(
+                        notes,
+                        "; rank {r}'s fresh measurements leave it out again: next re-admission after {} decisions",
+                        readmit_wait(rank, cfg)
+                    );
+                } else {
+                    rank.readmit_factor = 1;
+                    let _ = write!(notes, "; rank {r} stays in after its measurement");
+                }
+            }
+            _ => {
+                if b > 0 && rank.trial_samples.is_none() {
+                    rank.readmit_factor = 1;
+                }
+            }
+        }
+    }
+    notes
+}
+
+/// "0.412 s": 3 significant digits.
+pub(crate) fn secs(x: f64) -> String {
+    if !(x.is_finite() && x > 0.0) {
+        return format!("{x} s");
+    }
+    let decimals = (2 - x.log10().floor() as i32).clamp(0, 9) as usize;
+    format!("{x:.decimals$} s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(a: f64, c: f64) -> StepModel {
+        StepModel {
+            fixed_seconds: a,
+            per_sample_seconds: c,
+        }
+    }
+
+    /// Three fast ranks and one whose fixed cost alone exceeds their step.
+    fn slow_fixed() -> Vec<StepModel> {
+        vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.4, 0.02)]
+    }
+
+    #[test]
+    fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
+        let models = slow_fixed();
+        let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2, 3], &[], 10).expect("choose");
+        assert_eq!(c.left_out, vec![3]);
+        assert_eq!(c.batches, vec![40, 40, 40, 0]);
+        assert!((c.step_seconds - 0.05).abs() < 1e-12, "{c:?}");
+        assert!((c.all_ranks_step_seconds - 0.42).abs() < 1e-12, "{c:?}");
+        let note = c.leave_out_note(&models, &[1; 4], 10);
+        assert!(
+            note.starts_with(
+                "rank 3 left out: its fixed cost 0.400 s/step exceeds the 0.0500 s step the others reach without it; predicted step 0.0500 s vs 0.420 s with it"
+            ),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn ineligible_ranks_stay_in() {
+        let models = slow_fixed();
+        let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2], &[], 10).expect("choose");
+        assert!(c.left_out.is_empty());
+        assert_eq!(c.batches[3], 1);
+        // Rank 0 is never left out, even when slowest and listed.
+        let mut models = slow_fixed();
+        models.swap(0, 3);
+        let c = choose(&models, 120, &[1; 4], &[120; 4], &[0, 1, 2, 3], &[], 10).expect("x");
+        assert!(c.left_out.is_empty(), "{c:?}");
+        assert!(c.batches[0] >= 1);
+    }
+
+    #[test]
+    fn the_margin_guards_new_leave_outs_but_not_staying_out() {
+        // Rank 1 at batch 1 takes 0.205 s; rank 0 alone 0.2 s: about 2.4% faster.
+        let models = [m(0.0, 0.01), m(0.195, 0.01)];
+        let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 10).expect("choose");
+        assert!(c.left_out.is_empty(), "2.4% < 10% margin: {c:?}");
+        let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 0).expect("choose");
+        assert_eq!(c.left_out, vec![1]);
+        // Already out: it stays out as long as leaving it out is faster.
+        let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[1], 10).expect("choose");
+        assert_eq!(c.left_out, vec![1]);
+        assert_eq!(c.batches, vec![20, 0]);
+    }
+
+    #[test]
+    fn an_infeasible_subset_is_skipped() {
+        // Without rank 3 the others cannot hold the batch (caps 30 each).
+        let models = slow_fixed();
+        let c = choose(&models, 100, &[1; 4], &[30, 30, 30, 100], &[3], &[], 10).expect("x");
+        assert!(c.left_out.is_empty());
+        assert_eq!(c.batches.iter().sum::<u32>(), 100);
+    }
+
+    #[test]
+    fn damping_never_leaves_a_fraction_to_a_left_out_rank() {
+        let cur = [30, 30, 30, 30];
+        let plan = [40, 40, 40, 0];
+        let d = damp(&cur, &plan, 0.5, 120, &[1; 4], &[120; 4]).expect("damp");
+        assert_eq!(d, vec![40, 40, 40, 0]);
+        let plan = [60, 30, 30, 0];
+        let d = damp(&cur, &plan, 0.5, 120, &[1; 4], &[120; 4]).expect("damp");
+        assert_eq!(d[3], 0);
+        assert_eq!(d.iter().sum::<u32>(), 120);
+        assert!(d[0] > 30 && d[0] < 60, "{d:?}");
+        // Back in: the re-admitted rank takes its target at once.
+        let d = damp(
+            &[40, 40, 40, 0],
+            &[30, 40, 40, 10],
+            0.25,
+            120,
+            &[1; 4],
+            &[120; 4],
+        )
+        .expect("damp");
+        assert_eq!(d[3], 10);
+        assert_eq!(d.iter().sum::<u32>(), 120);
+    }
+
+    #[test]
+    fn seconds_have_three_significant_digits() {
+        assert_eq!(secs(0.41234), "0.412 s");
+        assert_eq!(secs(0.0012345), "0.00123 s");
+        assert_eq!(secs(12.345), "12.3 s");
+        assert_eq!(secs(0.0), "0 s");
+    }
+}

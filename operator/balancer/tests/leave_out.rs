@@ -1,0 +1,431 @@
+//! Leaving slow ranks out ("never slower than the best subset"): who is
+//! left out and why, who never is, and how left-out ranks come back.
+
+use heterotrain_balancer::{Balancer, BalancerConfig, Decision, Policy, StepModel};
+
+fn m(a: f64, c: f64) -> StepModel {
+    StepModel {
+        fixed_seconds: a,
+        per_sample_seconds: c,
+    }
+}
+
+/// Three fast ranks; rank 3's fixed cost alone (0.4 s) is eight times
+/// their whole step (0.05 s at 40 samples each).
+fn fast_and_fixed() -> Vec<StepModel> {
+    vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.4, 0.02)]
+}
+
+fn config(policy: Policy, global: u32) -> BalancerConfig {
+    BalancerConfig {
+        policy,
+        global_batch_size: global,
+        ..BalancerConfig::default()
+    }
+}
+
+/// A balancer that has seen every rank's start-up profile under `truth`.
+fn profiled(cfg: BalancerConfig, truth: &[StepModel]) -> Balancer {
+    let mut bal = Balancer::new(cfg, truth.len()).expect("valid config");
+    for (r, t) in truth.iter().enumerate() {
+        let pts: Vec<(u32, f64)> = [1u32, 4, 16, 32]
+            .iter()
+            .map(|&b| (b, t.predict(b)))
+            .collect();
+        bal.observe_profile(r, &pts, 1024).expect("profile");
+    }
+    bal
+}
+
+/// `n` steps of every rank that trains under `plan`, at `truth`'s times.
+fn feed(bal: &mut Balancer, plan: &[u32], truth: &[StepModel], n: usize) {
+    for _ in 0..n {
+        for (r, t) in truth.iter().enumerate() {
+            if plan[r] > 0 {
+                bal.observe_step(r, plan[r], t.predict(plan[r]))
+                    .expect("valid sample");
+            }
+        }
+    }
+}
+
+fn plan_of(d: &Decision) -> Vec<u32> {
+    d.plan.clone().expect("a new plan")
+}
+
+fn sum(p: &[u32]) -> u32 {
+    p.iter().sum()
+}
+
+/// Rank 3 left out by a dynamic balancer from the equal split.
+fn left_out_once(cfg: BalancerConfig, truth: &[StepModel]) -> (Balancer, Vec<u32>) {
+    let mut bal = profiled(cfg, truth);
+    feed(&mut bal, &[30; 4], truth, 20);
+    let d = bal.decide(&[30; 4]).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p, vec![40, 40, 40, 0], "{}", d.reason);
+    (bal, p)
+}
+
+#[test]
+fn a_rank_whose_fixed_cost_exceeds_the_others_step_is_left_out_and_the_reason_says_why() {
+    let truth = fast_and_fixed();
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    let d = bal.decide(&[30; 4]).expect("decide");
+    assert_eq!(plan_of(&d), vec![40, 40, 40, 0]);
+    assert_eq!(d.left_out, vec![3]);
+    assert!((d.predicted_step_seconds - 0.05).abs() < 1e-9, "{d:?}");
+    assert!(
+        d.reason.contains(
+            "rank 3 left out: its fixed cost 0.400 s/step exceeds the 0.0500 s step the others reach without it; predicted step 0.0500 s vs 0.420 s with it"
+        ),
+        "{}",
+        d.reason
+    );
+    let json = serde_json::to_value(&d).expect("json");
+    assert_eq!(json["leftOut"], serde_json::json!([3]));
+
+    // Proportional (profiles only) leaves it out from the very first plan.
+    let mut bal = profiled(config(Policy::Proportional, 120), &truth);
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![40, 40, 40, 0], "{}", d.reason);
+    assert!(d.reason.contains("rank 3 left out"), "{}", d.reason);
+}
+
+#[test]
+fn a_rank_slow_per_sample_is_left_out_when_even_one_sample_is_too_slow() {
+    // Speed 0.01 of the others: one sample takes 0.11 s, over twice their step.
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let (_, p) = left_out_once(config(Policy::Dynamic, 120), &truth);
+    assert_eq!(p[3], 0);
+}
+
+#[test]
+fn a_moderately_slow_rank_stays_in() {
+    // Speeds 1 : 0.33, small fixed cost: it shortens the step by 25%.
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.003)];
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[60, 60], &truth, 20);
+    let d = bal.decide(&[60, 60]).expect("decide");
+    assert_eq!(plan_of(&d), vec![90, 30]);
+    assert!(d.left_out.is_empty());
+    assert!(!d.reason.contains("left out"), "{}", d.reason);
+}
+
+#[test]
+fn a_gain_below_the_leave_out_margin_keeps_the_rank_in() {
+    // Rank 1 at batch 1 takes 0.205 s; rank 0 alone needs 0.2 s: 2.4% faster.
+    let truth = vec![m(0.0, 0.01), m(0.195, 0.01)];
+    let mut bal = profiled(config(Policy::Proportional, 20), &truth);
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![19, 1], "{}", d.reason);
+    let cfg = BalancerConfig {
+        leave_out_margin_percent: 0,
+        ..config(Policy::Proportional, 20)
+    };
+    let mut bal = profiled(cfg, &truth);
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![20, 0], "{}", d.reason);
+}
+
+#[test]
+fn rank_zero_is_never_left_out_even_when_slowest() {
+    let mut truth = fast_and_fixed();
+    truth.swap(0, 3);
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    let d = bal.decide(&[30; 4]).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p[0], 1, "{p:?}");
+    assert!(d.left_out.is_empty(), "{d:?}");
+    assert_eq!(sum(&p), 120);
+}
+
+#[test]
+fn a_stale_rank_is_never_left_out() {
+    let truth = fast_and_fixed();
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    bal.observe_missing(3).expect("rank");
+    let d = bal.decide(&[30; 4]).expect("decide");
+    assert_eq!(d.batches_or(&[30; 4]), [30; 4], "pinned: {}", d.reason);
+    assert_eq!(d.stale_ranks, vec![3]);
+    assert!(d.left_out.is_empty());
+}
+
+#[test]
+fn switched_off_everyone_stays_in() {
+    let truth = fast_and_fixed();
+    let cfg = BalancerConfig {
+        leave_out_slow_ranks: false,
+        ..config(Policy::Dynamic, 120)
+    };
+    let mut bal = profiled(cfg, &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    let d = bal.decide(&[30; 4]).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p[3], 1, "{p:?}");
+    assert!(d.left_out.is_empty());
+    // A plan that leaves a rank out is then replaced.
+    let d = bal.decide(&[40, 40, 40, 0]).expect("decide");
+    assert!(plan_of(&d)[3] >= 1);
+    assert!(
+        d.reason
+            .contains("rank 3 is left out (batch 0), but leaveOutSlowRanks is off"),
+        "{}",
+        d.reason
+    );
+    // Static never leaves ranks out either.
+    let mut bal = Balancer::new(config(Policy::Static, 120), 4).expect("config");
+    let d = bal.decide(&[40, 40, 40, 0]).expect("decide");
+    assert_eq!(plan_of(&d), vec![30; 4]);
+    assert!(
+        d.reason.contains("static never leaves ranks out"),
+        "{}",
+        d.reason
+    );
+}
+
+#[test]
+fn a_left_out_rank_is_readmitted_then_left_out_again_with_the_wait_doubled() {
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 3,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, p) = left_out_once(cfg, &truth);
+
+    // Silent while left out: never stale; kept out for 2 decisions.
+    for k in [2, 1] {
+        feed(&mut bal, &p, &truth, 20);
+        let d = bal.decide(&p).expect("decide");
+        assert!(d.plan.is_none(), "{}", d.reason);
+        assert_eq!(d.left_out, vec![3]);
+        assert!(d.stale_ranks.is_empty());
+        assert!(
+            d.reason.contains(&format!(
+                "left out: rank 3 (next re-admission for measurement in {k} decisions)"
+            )),
+            "{}",
+            d.reason
+        );
+    }
+    // The 3rd decision re-admits it, whatever the gain rules say.
+    feed(&mut bal, &p, &truth, 20);
+    let d = bal.decide(&p).expect("decide");
+    let back = plan_of(&d);
+    assert!(back[3] >= 1, "{back:?}");
+    assert_eq!(sum(&back), 120);
+    assert!(d.left_out.is_empty());
+    assert!(
+        d.reason.contains("rank 3 re-admitted with batch 1 to be measured again after 3 decisions left out (readmitAfterDecisions 3)"),
+        "{}",
+        d.reason
+    );
+    // Fresh measurements: still slow, so out again, and the wait doubles.
+    feed(&mut bal, &back, &truth, 20);
+    let d = bal.decide(&back).expect("decide");
+    let p = plan_of(&d);
+    assert_eq!(p[3], 0, "{}", d.reason);
+    assert!(
+        d.reason.contains(
+            "rank 3's fresh measurements leave it out again: next re-admission after 6 decisions"
+        ),
+        "{}",
+        d.reason
+    );
+    for _ in 0..5 {
+        feed(&mut bal, &p, &truth, 20);
+        let d = bal.decide(&p).expect("decide");
+        assert!(d.plan.is_none(), "readmitted too early: {}", d.reason);
+    }
+    feed(&mut bal, &p, &truth, 20);
+    let d = bal.decide(&p).expect("decide");
+    assert!(plan_of(&d)[3] >= 1, "{}", d.reason);
+    assert!(
+        d.reason.contains("after 6 decisions left out"),
+        "{}",
+        d.reason
+    );
+}
+
+#[test]
+fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
+    let slow = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, mut back) = left_out_once(cfg, &slow);
+    // Re-admitted at the 2nd decision.
+    for _ in 0..2 {
+        feed(&mut bal, &back, &slow, 20);
+        back = bal
+            .decide(&back)
+            .expect("decide")
+            .batches_or(&back)
+            .to_vec();
+    }
+    assert!(back[3] >= 1, "{back:?}");
+    // The device recovered: as fast as the others now.
+    let healthy = vec![m(0.01, 0.001); 4];
+    feed(&mut bal, &back, &healthy, 20);
+    let d = bal.decide(&back).expect("decide");
+    assert!(
+        d.reason.contains("rank 3 stays in after its measurement"),
+        "{}",
+        d.reason
+    );
+    let now = d.batches_or(&back).to_vec();
+    assert!(now[3] >= 20, "{now:?}");
+    assert!(d.left_out.is_empty());
+    // Slow again: left out, and back after the base wait (2), not 4.
+    feed(&mut bal, &now, &slow, 20);
+    let mut plan = now;
+    let mut out_at = None;
+    for i in 0..8 {
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        feed(&mut bal, &plan, &slow, 20);
+        match (out_at, plan[3]) {
+            (None, 0) => out_at = Some(i),
+            (Some(o), b) if b > 0 => {
+                assert_eq!(i - o, 2, "readmitted after {} decisions", i - o);
+                return;
+            }
+            _ => {}
+        }
+    }
+    panic!("rank 3 was not left out and re-admitted: {plan:?}");
+}
+
+#[test]
+fn a_left_out_rank_comes_back_early_when_including_it_pays() {
+    let truth = fast_and_fixed();
+    let (mut bal, p) = left_out_once(config(Policy::Dynamic, 120), &truth);
+    // The others slow down 20×: their 40 samples now take 0.81 s, and
+    // rank 3 (0.42 s at batch 1) shortens the step again.
+    let slower: Vec<StepModel> = truth
+        .iter()
+        .enumerate()
+        .map(|(r, t)| if r < 3 { m(0.01, 0.02) } else { *t })
+        .collect();
+    feed(&mut bal, &p, &slower, 20);
+    let d = bal.decide(&p).expect("decide");
+    let q = plan_of(&d);
+    assert!(q[3] >= 1, "{q:?}: {}", d.reason);
+    assert!(d.left_out.is_empty());
+    assert!(
+        d.reason.contains("rank 3 re-admitted: its model predicts"),
+        "{}",
+        d.reason
+    );
+}
+
+#[test]
+fn young_measurements_damp_but_never_leave_a_fraction_to_a_left_out_rank() {
+    let truth = fast_and_fixed();
+    let mut bal = Balancer::new(config(Policy::Hybrid, 120), 4).expect("config");
+    for (r, t) in truth.iter().enumerate() {
+        let pts: Vec<(u32, f64)> = [1u32, 4, 16].iter().map(|&b| (b, t.predict(b))).collect();
+        bal.observe_profile(r, &pts, 1024).expect("profile");
+    }
+    feed(&mut bal, &[30; 4], &truth, 5); // young: half of the 10 samples needed
+    let d = bal.decide(&[30; 4]).expect("decide");
+    let p = plan_of(&d);
+    assert!(d.reason.contains("damped"), "{}", d.reason);
+    assert_eq!(p[3], 0, "{p:?}");
+    assert_eq!(sum(&p), 120);
+    assert!(p[..3].iter().all(|&b| b >= 35), "{p:?}");
+}
+
+#[test]
+fn quality_and_communication_ignore_a_left_out_rank() {
+    let truth = fast_and_fixed();
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    feed(&mut bal, &[30; 4], &truth, 20);
+    // Rank 3, the slowest, waited for nobody: its exposed time is the least.
+    for (r, s) in [(0, 0.5), (1, 0.5), (2, 0.5), (3, 0.02)] {
+        bal.observe_communication(r, s).expect("valid");
+    }
+    assert!((bal.communication_seconds() - 0.02).abs() < 1e-12);
+    let p = plan_of(&bal.decide(&[30; 4]).expect("decide"));
+    assert_eq!(p[3], 0);
+    feed(&mut bal, &p, &truth, 1);
+    assert!(bal.quality().cv_percent < 1e-9, "{:?}", bal.quality());
+    assert!((bal.communication_seconds() - 0.5).abs() < 1e-12);
+}
+
+#[test]
+fn a_left_out_rank_that_was_missing_comes_back_once_it_answers_again() {
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, p) = left_out_once(cfg, &truth);
+    // One failed read: stale, so it is not re-admitted while missing.
+    bal.observe_missing(3).expect("rank");
+    for _ in 0..3 {
+        feed(&mut bal, &p, &truth, 20);
+        let d = bal.decide(&p).expect("decide");
+        assert!(d.plan.is_none(), "{}", d.reason);
+        assert_eq!(d.stale_ranks, vec![3]);
+    }
+    // It answers again (with no samples: it is left out) and comes back.
+    bal.observe_idle(3).expect("rank");
+    feed(&mut bal, &p, &truth, 20);
+    let d = bal.decide(&p).expect("decide");
+    assert!(plan_of(&d)[3] >= 1, "{}", d.reason);
+    assert!(d.stale_ranks.is_empty());
+    assert!(bal.observe_idle(9).is_err());
+}
+
+#[test]
+fn a_left_out_rank_stays_out_when_pinned_ranks_leave_no_room() {
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, p) = left_out_once(cfg, &truth);
+    // Nobody reports any more: ranks 0-2 go stale, pinned at 40 each, and
+    // leave rank 3 no sample even when its wait is over.
+    for _ in 0..4 {
+        let d = bal.decide(&p).expect("no error");
+        assert_eq!(d.batches_or(&p), p.as_slice(), "{}", d.reason);
+        assert_eq!(d.left_out, vec![3]);
+    }
+}
+
+#[test]
+fn plans_always_sum_to_the_global_batch_over_many_rounds() {
+    let truth = vec![
+        m(0.01, 0.001),
+        m(0.3, 0.01),
+        m(0.01, 0.002),
+        m(0.01, 0.2),
+        m(0.02, 0.001),
+    ];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Hybrid, 100)
+    };
+    let mut bal = profiled(cfg, &truth);
+    let mut plan = vec![20; 5];
+    let mut left_out_seen = false;
+    for _ in 0..30 {
+        feed(&mut bal, &plan, &truth, 7);
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        assert_eq!(sum(&plan), 100);
+        assert!(plan[0] >= 1);
+        assert_eq!(
+            d.left_out,
+            (0..5).filter(|&r| plan[r] == 0).collect::<Vec<_>>()
+        );
+        left_out_seen |= !d.left_out.is_empty();
+    }
+    assert!(left_out_seen);
+}
