@@ -72,7 +72,7 @@ spec:
       resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
   model: {{name: simple_cnn}}
   dataset: {{name: synthetic_image, syntheticSamples: 4096}}
-  training: {{globalBatchSize: 64, maxSteps: {steps}, learningRate: "0.02", momentum: "0.9", seed: 1}}
+  training: {{globalBatchSize: 16, maxSteps: {steps}, learningRate: "0.02", momentum: "0.9", seed: 1}}
   loadBalancing: {{policy: dynamic, rebalanceIntervalSteps: 5, minGainPercent: 5, readmitAfterDecisions: 3}}
   profiling: {{probeBatchSizes: [8, 32]}}
   checkpoint: {{everySteps: 0}}
@@ -240,11 +240,13 @@ async fn end_to_end() {
     .await;
 
     // 1b. a rank too slow to help is left out, then brought back: rank 1
-    // on `slow`, held to 0.02 core mid-run, gets 0 samples; back at 0.33
+    // on `slow`, held to 0.1 core mid-run (the simulator's floor for a
+    // 1-core pod: 1 ms of every 10), costs more at one sample than rank 0
+    // takes for the whole batch of 16, so it gets 0 samples; back at 0.33
     // it is re-admitted and trains again; the job still Succeeds.
     scenario(&system, "left-out", || async {
         system
-            .create_job("left-out", &pinned_pair("qs", 1500))
+            .create_job("left-out", &pinned_pair("qs", 4000))
             .await
             .map_err(|e| e.to_string())?;
         system
