@@ -21,6 +21,8 @@ pub mod types {
     pub const SUSPENDED: &str = "Suspended";
     /// A field that cannot change while running was changed.
     pub const SPEC_CHANGE_REJECTED: &str = "SpecChangeRejected";
+    /// Rank 0's step advances (False: it has not for a while).
+    pub const PROGRESSING: &str = "Progressing";
 }
 
 /// Condition (and Event) reasons.
@@ -52,6 +54,8 @@ pub mod reasons {
     pub const NOT_STARTED: &str = "NotStarted";
     pub const PLAN_RESTORED: &str = "PlanRestored";
     pub const FOREIGN_PODS: &str = "ForeignPods";
+    pub const STEP_ADVANCING: &str = "StepAdvancing";
+    pub const STALLED: &str = "Stalled";
 }
 
 /// One desired condition (without timestamps).

@@ -178,6 +178,12 @@ pub fn next(
         d.phase == JobPhase::Succeeded,
         now,
     );
+    if d.phase == JobPhase::Running {
+        let step_seconds = steps_per_second(x, v.global_batch).map(|r| 1.0 / r);
+        if let Some(c) = progressing(s.progress.as_ref(), s.step, step_seconds, now) {
+            conditions::set(&mut s.conditions, c, generation, now);
+        }
+    }
     if d.phase == JobPhase::Succeeded {
         // The last scrape may predate the last step: a finished run did
         // them all.
@@ -235,6 +241,46 @@ pub fn progress(
         } else {
             old.and_then(|o| o.last_update_time)
         },
+    })
+}
+
+/// Seconds without a step before a running job counts as stalled: ten
+/// measured steps, and never under a minute (evaluations and checkpoints
+/// take a while).
+pub fn stall_after_seconds(step_seconds: Option<f64>) -> f64 {
+    step_seconds
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(STALL_FLOOR_SECONDS, |s| (10.0 * s).max(STALL_FLOOR_SECONDS))
+}
+
+const STALL_FLOOR_SECONDS: f64 = 60.0;
+
+/// The `Progressing` condition of a running job: True while rank 0's step
+/// moves, False (`Stalled`) once it has not for [`stall_after_seconds`].
+/// None until progress is known.
+pub fn progressing(
+    p: Option<&ProgressStatus>,
+    step: u64,
+    step_seconds: Option<f64>,
+    now: &Time,
+) -> Option<Desired> {
+    let since = p?.last_update_time.as_ref()?;
+    let idle = (now.0.as_millisecond() - since.0.as_millisecond()) as f64 / 1000.0;
+    let limit = stall_after_seconds(step_seconds);
+    Some(if idle > limit {
+        Desired::no(
+            conditions::types::PROGRESSING,
+            conditions::reasons::STALLED,
+            format!(
+                "no step for {idle:.0} s (at step {step}, over the {limit:.0} s allowed); a hung or stopped rank fails the gang after runPolicy.collectiveTimeoutSeconds"
+            ),
+        )
+    } else {
+        Desired::yes(
+            conditions::types::PROGRESSING,
+            conditions::reasons::STEP_ADVANCING,
+            format!("at step {step}"),
+        )
     })
 }
 
@@ -345,6 +391,28 @@ mod progress_tests {
         assert_eq!(done.percent, 100);
         assert_eq!(done.estimated_remaining_seconds, Some(0));
         assert_eq!(done.eta.as_deref(), Some("0s"));
+    }
+
+    #[test]
+    fn a_step_that_stops_moving_turns_progressing_false() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let p = progress(None, Some(1000), 40, 0, Some(10.0), false, &t0).unwrap();
+        let c = |now: &str, step_s: Option<f64>| {
+            progressing(Some(&p), 40, step_s, &at(now)).expect("condition")
+        };
+        assert!(c("2026-01-01T00:00:30Z", Some(0.1)).status);
+        let stalled = c("2026-01-01T00:01:01Z", Some(0.1));
+        assert!(!stalled.status);
+        assert_eq!(stalled.reason, conditions::reasons::STALLED);
+        assert!(
+            stalled.message.contains("no step for 61 s"),
+            "{}",
+            stalled.message
+        );
+        // Slow steps (20 s each) get ten of them.
+        assert!(c("2026-01-01T00:03:00Z", Some(20.0)).status);
+        assert!(!c("2026-01-01T00:03:21Z", Some(20.0)).status);
+        assert_eq!(progressing(None, 40, None, &t0), None);
     }
 
     #[test]
