@@ -111,6 +111,13 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
         job.spec.world_size(),
         job.spec.workers.len()
     );
+    if !st.left_out_ranks.is_empty() {
+        let _ = writeln!(
+            out,
+            "Left out:        ranks {} (no samples under this plan; re-admitted to be measured)",
+            list(&st.left_out_ranks)
+        );
+    }
     let _ = writeln!(
         out,
         "Throughput:      {} samples/s",

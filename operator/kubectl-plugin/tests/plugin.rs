@@ -76,6 +76,7 @@ async fn setup(client: &Client) {
             "clusterSamplesPerSecond": 812.46, "restarts": 0,
             "progress": {"totalSteps": 1000, "percent": 34, "percentText": "34%",
                          "estimatedRemainingSeconds": 52, "eta": "52s"},
+            "leftOutRanks": [2],
             "groups": [
                 {"name": "t4", "device": "cuda", "replicas": 1, "ready": 1, "batchSizes": [48], "samplesPerSecond": 530.2},
                 {"name": "cpu", "device": "cpu", "replicas": 2, "ready": 2, "batchSizes": [24, 24], "samplesPerSecond": 282.26}
@@ -216,6 +217,7 @@ async fn status_top_plan_and_profile_show_the_job() {
         line(&status, "Progress:").contains("step 340 of 1000 (34%, ETA 52s)"),
         "{status}"
     );
+    assert!(line(&status, "Left out:").contains("ranks [2]"), "{status}");
     assert!(
         line(&status, "Throughput:").contains("812.5 samples/s"),
         "{status}"
