@@ -192,8 +192,11 @@ pub struct WorkerGroup {
 }
 
 /// Device a group trains on.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum Device {
     /// CPU threads.
     #[default]
@@ -203,8 +206,11 @@ pub enum Device {
 }
 
 /// Collective communication backend.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum Backend {
     /// NCCL when every rank is CUDA, Gloo otherwise.
     #[default]
@@ -244,8 +250,11 @@ pub struct ModelSpec {
 }
 
 /// Model architectures the trainer builds.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum ModelName {
     /// Multi-layer perceptron.
     Mlp,
@@ -298,8 +307,11 @@ pub struct DatasetSpec {
 }
 
 /// Dataset formats the trainer reads.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum DatasetName {
     /// Random images, deterministic by seed.
     SyntheticImage,
@@ -405,8 +417,11 @@ pub struct TrainingSpec {
 }
 
 /// Who runs the optimizer update.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum OptimizerSharding {
     /// Shares in proportion to the local batches.
     #[default]
@@ -426,8 +441,11 @@ impl OptimizerSharding {
 }
 
 /// How BatchNorm layers compute batch statistics in training.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum BatchNormMode {
     /// Global-batch statistics (exact under any split).
     #[default]
@@ -447,8 +465,11 @@ impl BatchNormMode {
 }
 
 /// Optimizer kinds.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum Optimizer {
     /// SGD with optional momentum and weight decay.
     #[default]
@@ -458,8 +479,11 @@ pub enum Optimizer {
 }
 
 /// Learning-rate schedules.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "snake_case")]
 pub enum Schedule {
     /// Constant after warm-up.
     #[default]

@@ -1,14 +1,17 @@
 //! HeteroTrain API types shared by every part: the `HeteroTrainingJob`
-//! custom resource, the batch-plan wire format and the hardware profile.
+//! custom resource, the batch-plan wire format, the hardware profile and
+//! the trainer's command line.
 
 pub mod job;
 pub mod metrics;
 pub mod plan;
 pub mod profile;
+pub mod trainer;
 
 pub use job::*;
 pub use plan::{BatchPlan, PlanError, PLAN_KEY};
 pub use profile::{DeviceInfo, DeviceKind, HardwareProfile, ProfileError, ProfilePoint};
+pub use trainer::TrainerArgs;
 
 /// The CustomResourceDefinition as YAML, exactly as `make crds` writes it to
 /// `crds/heterotrainingjob.yaml`.

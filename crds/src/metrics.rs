@@ -111,17 +111,6 @@ pub mod labels {
     pub const ACCELERATOR: &str = "heterotrain.dev/accelerator";
 }
 
-/// Environment variables the operator sets on rank pods.
-pub mod env {
-    pub const PLAN_CONFIGMAP: &str = "HETEROTRAIN_PLAN_CONFIGMAP";
-    pub const NAMESPACE: &str = "HETEROTRAIN_NAMESPACE";
-    pub const POD_IP: &str = "POD_IP";
-    pub const RESTART_COUNT: &str = "HETEROTRAIN_RESTART_COUNT";
-    /// The job's `metadata.uid`; the trainer's `--job-uid`, part of the
-    /// checkpoint fingerprint.
-    pub const JOB_UID: &str = "HT_JOB_UID";
-}
-
 #[cfg(test)]
 mod tests {
     use super::openmetrics_to_text;

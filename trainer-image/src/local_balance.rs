@@ -9,7 +9,7 @@ use heterotrain_crds::{BatchPlan, HardwareProfile};
 use tch::Tensor;
 
 use crate::c10d::ProcessGroup;
-use crate::cli::TrainConfig;
+use crate::cli::TrainerArgs;
 use crate::error::{Result, TrainerError};
 
 /// Profile points carried in the start-up gather (more are dropped).
@@ -149,20 +149,21 @@ pub struct LocalBalancer {
 }
 
 impl LocalBalancer {
-    pub fn new(cfg: &TrainConfig) -> Result<LocalBalancer> {
+    pub fn new(cfg: &TrainerArgs) -> Result<LocalBalancer> {
         let policy: Policy = cfg
+            .plan
             .policy
             .parse()
             .map_err(|e| TrainerError::Config(format!("--policy: {e}")))?;
         let inner = Balancer::new(
             BalancerConfig {
                 policy,
-                global_batch_size: cfg.batch_size,
-                min_local_batch: cfg.min_local_batch(),
-                min_gain_percent: cfg.min_gain_percent,
+                global_batch_size: cfg.optim.batch_size,
+                min_local_batch: cfg.model.min_local_batch(),
+                min_gain_percent: cfg.plan.min_gain_percent,
                 ..BalancerConfig::default()
             },
-            cfg.world_size,
+            cfg.dist.world_size,
         )
         .map_err(|e| TrainerError::Config(format!("balancer: {e}")))?;
         Ok(LocalBalancer { inner, policy })
@@ -284,11 +285,9 @@ mod tests {
 
     #[test]
     fn local_round_moves_samples_to_the_faster_rank() {
-        let cfg = crate::cli::TrainConfig {
-            world_size: 2,
-            batch_size: 64,
-            ..test_cfg()
-        };
+        let mut cfg = test_cfg();
+        cfg.dist.world_size = 2;
+        cfg.optim.batch_size = 64;
         let mut lb = LocalBalancer::new(&cfg).expect("balancer");
         let cur = BatchPlan::equal(0, 64, 2);
         let reps = [
@@ -311,7 +310,7 @@ mod tests {
         assert!(p.batch_sizes[0] > 32, "{:?}", p.batch_sizes);
     }
 
-    fn test_cfg() -> crate::cli::TrainConfig {
+    fn test_cfg() -> crate::cli::TrainerArgs {
         use clap::Parser;
         match crate::cli::Cli::try_parse_from(["t", "train", "--policy", "dynamic"]) {
             Ok(crate::cli::Cli {

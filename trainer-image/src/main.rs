@@ -23,19 +23,19 @@ fn main() {
                     if s.stopped_by_signal {
                         eprintln!(
                             "rank {}: stopped by signal after step {}, checkpoint written",
-                            cfg.rank, s.steps
+                            cfg.dist.rank, s.steps
                         );
                     }
                 }
                 Err(e) => {
-                    eprintln!("error: rank {}: {e}", cfg.rank);
+                    eprintln!("error: rank {}: {e}", cfg.dist.rank);
                     std::process::exit(1);
                 }
             }
         }
         Command::Profile(cfg) => {
             if let Err(e) = run_profile(&cfg) {
-                eprintln!("error: rank {}: {e}", cfg.rank);
+                eprintln!("error: rank {}: {e}", cfg.dist.rank);
                 std::process::exit(1);
             }
         }
@@ -43,11 +43,11 @@ fn main() {
 }
 
 /// `heterotrain-trainer profile`: measure, print the profile JSON on stdout.
-fn run_profile(cfg: &heterotrain_trainer::cli::TrainConfig) -> heterotrain_trainer::Result<()> {
+fn run_profile(cfg: &heterotrain_trainer::cli::TrainerArgs) -> heterotrain_trainer::Result<()> {
     use heterotrain_trainer::TrainerError;
-    cfg.validate().map_err(TrainerError::Config)?;
-    train::apply_threads(cfg);
-    let device = train::pick_device(cfg)?;
+    heterotrain_trainer::cli::validate(cfg).map_err(TrainerError::Config)?;
+    train::apply_threads(&cfg.dist);
+    let device = train::pick_device(&cfg.dist)?;
     let gpu = train::open_gpu(device);
     let data = data::load(cfg)?;
     let p = profile::measure(cfg, device, &data, gpu.as_ref())?;

@@ -7,21 +7,21 @@
 use tch::Tensor;
 
 use crate::c10d::ProcessGroup;
-use crate::cli::{OptimizerKind, ScheduleKind, TrainConfig};
+use crate::cli::{OptimArgs, OptimizerKind, Schedule};
 use crate::error::Result;
 use crate::shard::{FlatParams, Layout};
 
 /// Learning rate at (1-based) step `step` of `total`.
-pub fn lr_at(cfg: &TrainConfig, step: u64, total: u64) -> f64 {
+pub fn lr_at(cfg: &OptimArgs, step: u64, total: u64) -> f64 {
     let base = cfg.lr;
     if cfg.warmup_steps > 0 && step <= cfg.warmup_steps {
         return base * step as f64 / cfg.warmup_steps as f64;
     }
     let after = step.saturating_sub(cfg.warmup_steps);
     match cfg.schedule {
-        ScheduleKind::Constant => base,
-        ScheduleKind::Step => base * cfg.gamma.powi((after / cfg.step_size.max(1)) as i32),
-        ScheduleKind::Cosine => {
+        Schedule::Constant => base,
+        Schedule::Step => base * cfg.gamma.powi((after / cfg.step_size.max(1)) as i32),
+        Schedule::Cosine => {
             let span = total.saturating_sub(cfg.warmup_steps).max(1) as f64;
             let frac = (after as f64 / span).min(1.0);
             0.5 * base * (1.0 + (std::f64::consts::PI * frac).cos())
@@ -48,7 +48,7 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    pub fn new(cfg: &TrainConfig, flat: &FlatParams, range: (i64, i64)) -> Self {
+    pub fn new(cfg: &OptimArgs, flat: &FlatParams, range: (i64, i64)) -> Self {
         let adam = cfg.optimizer == OptimizerKind::Adamw;
         let zeros = || Tensor::zeros([range.1 - range.0], (flat.kind(), flat.device()));
         Optimizer {
@@ -208,7 +208,7 @@ mod tests {
     use clap::Parser;
     use tch::Kind;
 
-    fn cfg(args: &[&str]) -> TrainConfig {
+    fn cfg(args: &[&str]) -> crate::cli::TrainerArgs {
         let mut v = vec!["x", "train"];
         v.extend_from_slice(args);
         match crate::cli::Cli::parse_from(v).command {
@@ -226,10 +226,10 @@ mod tests {
             "--schedule",
             "cosine",
         ]);
-        assert!((lr_at(&c, 5, 110) - 0.5).abs() < 1e-12);
-        assert!((lr_at(&c, 10, 110) - 1.0).abs() < 1e-12);
-        assert!((lr_at(&c, 60, 110) - 0.5).abs() < 1e-12);
-        assert!(lr_at(&c, 110, 110).abs() < 1e-12);
+        assert!((lr_at(&c.optim, 5, 110) - 0.5).abs() < 1e-12);
+        assert!((lr_at(&c.optim, 10, 110) - 1.0).abs() < 1e-12);
+        assert!((lr_at(&c.optim, 60, 110) - 0.5).abs() < 1e-12);
+        assert!(lr_at(&c.optim, 110, 110).abs() < 1e-12);
         let s = cfg(&[
             "--lr",
             "1.0",
@@ -240,8 +240,8 @@ mod tests {
             "--gamma",
             "0.5",
         ]);
-        assert_eq!(lr_at(&s, 2, 100), 1.0);
-        assert_eq!(lr_at(&s, 7, 100), 0.25);
+        assert_eq!(lr_at(&s.optim, 2, 100), 1.0);
+        assert_eq!(lr_at(&s.optim, 7, 100), 0.25);
     }
 
     #[test]
@@ -249,7 +249,7 @@ mod tests {
         let c = cfg(&["--momentum", "0.9", "--weight-decay", "0.1"]);
         let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
         let flat = FlatParams::new(&[p.shallow_clone()]).unwrap();
-        let mut o = Optimizer::new(&c, &flat, (0, flat.len()));
+        let mut o = Optimizer::new(&c.optim, &flat, (0, flat.len()));
         for _ in 0..2 {
             let mut q = p.shallow_clone();
             q.zero_grad();
@@ -279,7 +279,7 @@ mod tests {
         let c = cfg(&["--optimizer", "adamw"]);
         let p = Tensor::from_slice(&[3.0f32]).set_requires_grad(true);
         let flat = FlatParams::new(&[p.shallow_clone()]).unwrap();
-        let mut o = Optimizer::new(&c, &flat, (0, 1));
+        let mut o = Optimizer::new(&c.optim, &flat, (0, 1));
         (&p * 5.0).sum(Kind::Float).backward();
         o.step(&flat, 0.01);
         // bias-corrected m/sqrt(v) = 1 → step of exactly lr
@@ -314,8 +314,10 @@ mod tests {
             let run = |cuts: &[(i64, i64)]| {
                 let (a, b) = make();
                 let flat = FlatParams::new(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
-                let mut opts: Vec<Optimizer> =
-                    cuts.iter().map(|&r| Optimizer::new(&c, &flat, r)).collect();
+                let mut opts: Vec<Optimizer> = cuts
+                    .iter()
+                    .map(|&r| Optimizer::new(&c.optim, &flat, r))
+                    .collect();
                 for _ in 0..3 {
                     for t in [&a, &b] {
                         t.shallow_clone().zero_grad();

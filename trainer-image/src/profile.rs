@@ -10,7 +10,7 @@ use heterotrain_crds::{DeviceInfo, DeviceKind, HardwareProfile, ProfilePoint};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::cli::TrainConfig;
+use crate::cli::{ModelArgs, TrainerArgs};
 use crate::data::Dataset;
 use crate::error::Result;
 use crate::models;
@@ -149,8 +149,8 @@ pub fn device_info(device: Device, gpu: Option<&Gpu>) -> DeviceInfo {
 }
 
 /// A label for the model and its size knobs.
-pub fn model_label(cfg: &TrainConfig) -> String {
-    let name = serde_json::to_value(cfg.model)
+pub fn model_label(cfg: &ModelArgs) -> String {
+    let name = serde_json::to_value(cfg.arch)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
@@ -177,13 +177,13 @@ fn fit(points: &[(u32, f64)]) -> (f64, f64) {
 
 /// Measure the profile of `cfg`'s model on `device` with data like `data`.
 pub fn measure(
-    cfg: &TrainConfig,
+    cfg: &TrainerArgs,
     device: Device,
     data: &Dataset,
     gpu: Option<&Gpu>,
 ) -> Result<HardwareProfile> {
-    let budget = cfg.profile_seconds;
-    let mut sizes = cfg.profile_batch_sizes.clone();
+    let budget = cfg.obs.profile_seconds;
+    let mut sizes = cfg.obs.profile_batch_sizes.clone();
     sizes.sort_unstable();
     sizes.dedup();
     let info = device_info(device, gpu);
@@ -194,7 +194,7 @@ pub fn measure(
     let vs = VarStore::new(device);
     let model = models::build(
         &vs.root(),
-        cfg,
+        &cfg.model,
         &data.shape,
         &crate::c10d::GroupSlot::default(),
     )?;
@@ -237,12 +237,12 @@ pub fn measure(
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     Ok(HardwareProfile {
-        rank: cfg.rank as u32,
+        rank: cfg.dist.rank as u32,
         hostname,
         device: info,
         matmul_flops: matmul,
         memory_bandwidth_bytes_per_second: bandwidth,
-        model: model_label(cfg),
+        model: model_label(&cfg.model),
         points: points
             .iter()
             .map(|&(batch_size, seconds)| ProfilePoint {

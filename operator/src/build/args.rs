@@ -1,8 +1,10 @@
 //! The trainer's command line, from the spec: one pure function, so the
 //! contract with `heterotrain-trainer train` is adjusted in one place.
 
-use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, WorkerGroup};
+use heterotrain_crds::trainer::ResumeMode;
+use heterotrain_crds::{HeteroTrainingJobSpec, TrainerArgs, WorkerGroup};
 
+use crate::error::Error;
 use crate::names;
 
 /// The trainer binary inside the image.
@@ -52,113 +54,94 @@ pub fn data_dir(spec: &HeteroTrainingJobSpec) -> Option<String> {
     })
 }
 
-/// `heterotrain-trainer` arguments (after the binary) for one rank of `group`.
-pub fn trainer_args(spec: &HeteroTrainingJobSpec, group: &WorkerGroup) -> Vec<String> {
-    let mut a: Vec<String> = vec!["train".into()];
-    let mut push = |k: &str, v: String| {
-        a.push(format!("--{k}"));
-        a.push(v);
+/// The trainer's settings for one rank of `group`: the contract type the
+/// trainer parses, filled from the spec (flags the spec does not mention
+/// keep the trainer's defaults).
+pub fn trainer_settings(
+    spec: &HeteroTrainingJobSpec,
+    group: &WorkerGroup,
+) -> Result<TrainerArgs, Error> {
+    let mut a = TrainerArgs::defaults().map_err(|e| Error::Invalid(e.to_string()))?;
+    let number = |field: &str, v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| Error::Invalid(format!("spec.training.{field} {v:?} is not a number")))
     };
     let m = &spec.model;
-    push("model", m.name.as_str().into());
-    for (k, v) in [
-        ("hidden", m.hidden),
-        ("layers", m.layers),
-        ("heads", m.heads),
-        ("context", m.context),
-        ("vocab", m.vocab),
+    a.model.arch = m.name;
+    for (field, v) in [
+        (&mut a.model.hidden, m.hidden),
+        (&mut a.model.layers, m.layers),
+        (&mut a.model.heads, m.heads),
+        (&mut a.model.context, m.context),
+        (&mut a.model.vocab, m.vocab),
     ] {
         if let Some(v) = v {
-            push(k, v.to_string());
+            *field = i64::from(v);
         }
     }
-    push("dataset", spec.dataset.name.as_str().into());
-    if let Some(dir) = data_dir(spec) {
-        push("data-dir", dir);
-    }
+    a.data.dataset = spec.dataset.name;
+    a.data.data_dir = data_dir(spec).map(Into::into);
     if let Some(n) = spec.dataset.synthetic_samples {
-        push("synthetic-samples", n.to_string());
+        a.data.synthetic_samples = n as usize;
     }
     let t = &spec.training;
-    push("batch-size", t.global_batch_size.to_string());
+    a.optim.batch_size = t.global_batch_size;
     // maxSteps wins over epochs when both are set (see the CRD docs).
-    match (t.max_steps, t.epochs) {
-        (Some(s), _) => push("max-steps", s.to_string()),
-        (None, Some(e)) => push("epochs", e.to_string()),
-        (None, None) => {}
-    }
-    push("lr", t.learning_rate.clone());
-    push(
-        "optimizer",
-        match t.optimizer {
-            heterotrain_crds::Optimizer::Sgd => "sgd",
-            heterotrain_crds::Optimizer::Adamw => "adamw",
-        }
-        .into(),
-    );
+    (a.optim.max_steps, a.optim.epochs) = match t.max_steps {
+        Some(s) => (Some(s), None),
+        None => (None, t.epochs.map(u64::from)),
+    };
+    a.optim.lr = number("learningRate", &t.learning_rate)?;
+    a.optim.optimizer = t.optimizer;
     if let Some(v) = &t.momentum {
-        push("momentum", v.clone());
+        a.optim.momentum = number("momentum", v)?;
     }
     if let Some(v) = &t.weight_decay {
-        push("weight-decay", v.clone());
+        a.optim.weight_decay = number("weightDecay", v)?;
     }
-    push(
-        "schedule",
-        match t.schedule {
-            heterotrain_crds::Schedule::Constant => "constant",
-            heterotrain_crds::Schedule::Cosine => "cosine",
-            heterotrain_crds::Schedule::Step => "step",
-        }
-        .into(),
-    );
-    push("warmup-steps", t.warmup_steps.to_string());
-    if m.name.has_batch_norm() {
-        push("batch-norm", t.batch_norm.as_str().into());
-    }
-    push("optimizer-sharding", t.optimizer_sharding.as_str().into());
-    push("seed", t.seed.to_string());
-    push(
-        "backend",
-        match spec.backend {
-            Backend::Auto => "auto",
-            Backend::Gloo => "gloo",
-            Backend::Nccl => "nccl",
-        }
-        .into(),
-    );
-    push(
-        "device",
-        match group.device {
-            Device::Cpu => "cpu",
-            Device::Cuda => "cuda",
-        }
-        .into(),
-    );
-    push("threads", group_threads(group).to_string());
-    push("output-dir", OUTPUT_DIR.into());
-    push("checkpoint-dir", spec.checkpoint.path.clone());
-    push("checkpoint-every", spec.checkpoint.every_steps.to_string());
-    push("resume", "auto".into());
-    push("metrics-port", spec.metrics_port.to_string());
+    a.optim.schedule = t.schedule;
+    a.optim.warmup_steps = u64::from(t.warmup_steps);
+    a.model.batch_norm = t.batch_norm;
+    a.optim.optimizer_sharding = t.optimizer_sharding;
+    a.optim.seed = t.seed;
+    a.dist.backend = spec.backend;
+    a.dist.device = group.device;
+    a.dist.threads = group_threads(group) as usize;
     let rp = &spec.run_policy;
     if let Some(t) = rp.collective_timeout_seconds {
-        push("collective-timeout-secs", t.to_string());
+        a.dist.collective_timeout_secs = u64::from(t);
     }
     if let Some(t) = rp.rendezvous_timeout_seconds {
-        push("rendezvous-timeout-secs", t.to_string());
+        a.dist.rendezvous_timeout_secs = u64::from(t);
     }
+    a.output.output_dir = OUTPUT_DIR.into();
+    a.output.checkpoint_dir = Some(spec.checkpoint.path.clone().into());
+    a.output.checkpoint_every = u64::from(spec.checkpoint.every_steps);
+    a.output.resume = ResumeMode::Auto;
+    a.obs.metrics_port = spec.metrics_port;
     if spec.profiling.enabled {
-        let sizes: Vec<String> = spec
-            .profiling
-            .probe_batch_sizes
-            .iter()
-            .map(u32::to_string)
-            .collect();
-        push("profile-batch-sizes", sizes.join(","));
+        a.obs.profile_batch_sizes = spec.profiling.probe_batch_sizes.clone();
     } else {
-        a.push("--no-profile".into());
+        a.obs.no_profile = true;
     }
-    a
+    Ok(a)
+}
+
+/// `heterotrain-trainer` arguments (after the binary) for one rank of `group`.
+pub fn trainer_args(
+    spec: &HeteroTrainingJobSpec,
+    group: &WorkerGroup,
+) -> Result<Vec<String>, Error> {
+    let mut args = vec!["train".to_string()];
+    args.extend(
+        trainer_settings(spec, group)?
+            .to_args()
+            .map_err(|e| Error::Invalid(e.to_string()))?,
+    );
+    Ok(args)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use heterotrain_crds::metrics::env as envs;
+use heterotrain_crds::trainer::env as envs;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
@@ -135,7 +135,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
                 .unwrap_or_else(|| inputs.default_image.clone()),
         ),
         command: Some(vec![TRAINER_BINARY.into()]),
-        args: Some(trainer_args(spec, g)),
+        args: Some(trainer_args(spec, g)?),
         env: Some(env_vars),
         env_from: (!g.env_from.is_empty()).then(|| g.env_from.clone()),
         ports: Some(vec![

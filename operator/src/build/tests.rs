@@ -3,6 +3,7 @@
 
 use heterotrain_crds::{BatchPlan, PLAN_KEY};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
+use serde::Deserialize;
 
 use super::*;
 use crate::names;
@@ -205,7 +206,7 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         ("--epochs", "2"),
         ("--lr", "0.1"),
         ("--momentum", "0.9"),
-        ("--weight-decay", "5e-4"),
+        ("--weight-decay", "0.0005"), // the spec's "5e-4", as a number
         ("--schedule", "cosine"),
         ("--warmup-steps", "10"),
         ("--seed", "7"),
@@ -282,7 +283,11 @@ fn minimal_job_uses_defaults() {
     assert_eq!(flag(&a, "--epochs"), None);
     assert_eq!(flag(&a, "--data-dir"), None);
     // The trainer's own timeouts unless the run policy sets them.
-    assert_eq!(flag(&a, "--collective-timeout-secs"), None);
+    let defaults = heterotrain_crds::TrainerArgs::defaults().expect("defaults");
+    assert_eq!(
+        flag(&a, "--collective-timeout-secs"),
+        Some(defaults.dist.collective_timeout_secs.to_string())
+    );
     let mut timed = job.clone();
     timed.spec.run_policy.collective_timeout_seconds = Some(45);
     timed.spec.run_policy.rendezvous_timeout_seconds = Some(600);
@@ -484,4 +489,51 @@ fn operator_mounts_are_the_mounts_the_pod_gets() {
             .collect();
         assert_eq!(own, expect, "{file}");
     }
+}
+
+/// Every job in `examples/`: the arguments the operator writes for each
+/// group parse back, as the trainer parses them, to the settings it built,
+/// and those carry the spec's values.
+#[test]
+fn example_jobs_round_trip_through_the_trainer_command_line() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut groups = 0;
+    for entry in std::fs::read_dir(&dir).expect("examples") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
+            if value.get("kind").and_then(|k| k.as_str()) != Some("HeteroTrainingJob") {
+                continue;
+            }
+            let job: heterotrain_crds::HeteroTrainingJob =
+                serde_yaml::from_value(value).expect("job");
+            let spec = &job.spec;
+            for g in &spec.workers {
+                let built = args::trainer_settings(spec, g).expect("settings");
+                let written = args::trainer_args(spec, g).expect("args");
+                assert_eq!(written[0], "train");
+                let parsed = heterotrain_crds::TrainerArgs::parse_flags(&written[1..])
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert_eq!(parsed, built, "{}: {written:?}", path.display());
+                assert_eq!(parsed.optim.batch_size, spec.training.global_batch_size);
+                assert_eq!(parsed.model.arch, spec.model.name);
+                assert_eq!(parsed.data.dataset, spec.dataset.name);
+                assert_eq!(parsed.dist.device, g.device);
+                assert_eq!(parsed.dist.threads, args::group_threads(g) as usize);
+                assert_eq!(
+                    parsed.optim.lr,
+                    spec.training.learning_rate.parse::<f64>().expect("lr")
+                );
+                groups += 1;
+            }
+        }
+    }
+    assert!(
+        groups >= 5,
+        "only {groups} worker groups found in examples/"
+    );
 }

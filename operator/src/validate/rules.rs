@@ -17,11 +17,11 @@ pub const RESERVED_ENV: [&str; 10] = [
     "LOCAL_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
-    heterotrain_crds::metrics::env::POD_IP,
-    heterotrain_crds::metrics::env::NAMESPACE,
-    heterotrain_crds::metrics::env::PLAN_CONFIGMAP,
-    heterotrain_crds::metrics::env::RESTART_COUNT,
-    heterotrain_crds::metrics::env::JOB_UID,
+    heterotrain_crds::trainer::env::POD_IP,
+    heterotrain_crds::trainer::env::NAMESPACE,
+    heterotrain_crds::trainer::env::PLAN_CONFIGMAP,
+    heterotrain_crds::trainer::env::RESTART_COUNT,
+    heterotrain_crds::trainer::env::JOB_UID,
 ];
 
 /// One semantic problem of a spec.

@@ -7,7 +7,7 @@ use heterotrain_crds::BatchPlan;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cli::{ModelKind, TrainConfig};
+use crate::cli::{ModelName, TrainerArgs};
 use crate::sampler::SamplerPosition;
 
 use super::FileEntry;
@@ -64,27 +64,31 @@ fn enum_name<T: Serialize>(v: &T) -> String {
 impl Fingerprint {
     /// The fingerprint of a run configured by `cfg` whose train split has
     /// `train_samples` samples.
-    pub fn of(cfg: &TrainConfig, train_samples: usize) -> Fingerprint {
-        let (hidden, gpt) = match cfg.model {
-            ModelKind::Mlp | ModelKind::SimpleCnn => (true, false),
-            ModelKind::Resnet18 | ModelKind::Resnet50 => (false, false),
-            ModelKind::Gpt => (true, true),
+    pub fn of(cfg: &TrainerArgs, train_samples: usize) -> Fingerprint {
+        let (hidden, gpt) = match cfg.model.arch {
+            ModelName::Mlp | ModelName::SimpleCnn => (true, false),
+            ModelName::Resnet18 | ModelName::Resnet50 => (false, false),
+            ModelName::Gpt => (true, true),
         };
         let gpt_flag = |v: i64| gpt.then_some(v);
         Fingerprint {
-            model: enum_name(&cfg.model),
-            hidden: hidden.then_some(cfg.hidden),
-            resnet_width: cfg.model.has_batch_norm().then_some(cfg.resnet_width),
-            layers: gpt_flag(cfg.layers),
-            heads: gpt_flag(cfg.heads),
-            context: gpt_flag(cfg.context),
-            vocab: gpt_flag(cfg.vocab),
-            batch_size: cfg.batch_size,
-            dataset: enum_name(&cfg.dataset),
+            model: enum_name(&cfg.model.arch),
+            hidden: hidden.then_some(cfg.model.hidden),
+            resnet_width: cfg
+                .model
+                .arch
+                .has_batch_norm()
+                .then_some(cfg.model.resnet_width),
+            layers: gpt_flag(cfg.model.layers),
+            heads: gpt_flag(cfg.model.heads),
+            context: gpt_flag(cfg.model.context),
+            vocab: gpt_flag(cfg.model.vocab),
+            batch_size: cfg.optim.batch_size,
+            dataset: enum_name(&cfg.data.dataset),
             train_samples: train_samples as u64,
-            optimizer: enum_name(&cfg.optimizer),
-            world_size: cfg.world_size as u64,
-            job_uid: cfg.job_uid.clone().filter(|u| !u.is_empty()),
+            optimizer: enum_name(&cfg.optim.optimizer),
+            world_size: cfg.dist.world_size as u64,
+            job_uid: cfg.output.job_uid.clone().filter(|u| !u.is_empty()),
         }
     }
 

@@ -1,9 +1,9 @@
 use super::*;
 use clap::Parser;
 
-use crate::cli::TrainConfig;
+use crate::cli::TrainerArgs;
 
-fn cfg(args: &[&str]) -> TrainConfig {
+fn cfg(args: &[&str]) -> TrainerArgs {
     let mut v = vec!["x", "train"];
     v.extend_from_slice(args);
     match crate::cli::Cli::parse_from(v).command {

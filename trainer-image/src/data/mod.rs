@@ -9,7 +9,7 @@ pub mod tokens;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::cli::{DatasetKind, TrainConfig};
+use crate::cli::{DatasetName, TrainerArgs};
 use crate::error::{Result, TrainerError};
 
 /// What the model sees and predicts.
@@ -100,33 +100,41 @@ pub fn normalize_u8(images: &Tensor, mean: &[f64], std: &[f64]) -> Tensor {
 }
 
 /// Load the dataset a config names.
-pub fn load(cfg: &TrainConfig) -> Result<Dataset> {
+pub fn load(cfg: &TrainerArgs) -> Result<Dataset> {
     let dir = || {
-        cfg.data_dir
+        cfg.data
+            .data_dir
             .clone()
             .ok_or_else(|| TrainerError::Config("--data-dir is required".into()))
     };
-    let ds = match cfg.dataset {
-        DatasetKind::SyntheticImage => {
-            synthetic::images(cfg.synthetic_samples, cfg.seed, cfg.eval_fraction)
-        }
-        DatasetKind::SyntheticText => synthetic::text(
-            cfg.synthetic_samples,
-            cfg.context,
-            cfg.vocab,
-            cfg.seed,
-            cfg.eval_fraction,
+    let ds = match cfg.data.dataset {
+        DatasetName::SyntheticImage => synthetic::images(
+            cfg.data.synthetic_samples,
+            cfg.optim.seed,
+            cfg.data.eval_fraction,
         ),
-        DatasetKind::Cifar10 => cifar::load(&dir()?, cfg.eval_fraction)?,
-        DatasetKind::Mnist => mnist::load(&dir()?, cfg.eval_fraction)?,
-        DatasetKind::Cifar100 => cifar::load_cifar100(&dir()?, cfg.eval_fraction)?,
-        DatasetKind::Tokens => tokens::load(&dir()?, cfg.context, cfg.vocab, cfg.eval_fraction)?,
+        DatasetName::SyntheticText => synthetic::text(
+            cfg.data.synthetic_samples,
+            cfg.model.context,
+            cfg.model.vocab,
+            cfg.optim.seed,
+            cfg.data.eval_fraction,
+        ),
+        DatasetName::Cifar10 => cifar::load(&dir()?, cfg.data.eval_fraction)?,
+        DatasetName::Mnist => mnist::load(&dir()?, cfg.data.eval_fraction)?,
+        DatasetName::Cifar100 => cifar::load_cifar100(&dir()?, cfg.data.eval_fraction)?,
+        DatasetName::Tokens => tokens::load(
+            &dir()?,
+            cfg.model.context,
+            cfg.model.vocab,
+            cfg.data.eval_fraction,
+        )?,
     };
-    if ds.train_len() < cfg.batch_size as usize {
+    if ds.train_len() < cfg.optim.batch_size as usize {
         return Err(TrainerError::Data(format!(
             "the train split has {} samples, fewer than one global batch of {}",
             ds.train_len(),
-            cfg.batch_size
+            cfg.optim.batch_size
         )));
     }
     Ok(ds)

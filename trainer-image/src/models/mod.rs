@@ -11,7 +11,7 @@ use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
 
 use crate::c10d::GroupSlot;
-use crate::cli::{BatchNormMode, ModelKind, TrainConfig};
+use crate::cli::{BatchNormMode, ModelArgs, ModelName};
 use crate::data::DataShape;
 use crate::error::{Result, TrainerError};
 
@@ -56,26 +56,21 @@ impl Model {
 
 /// Build the model a config names for data of `shape`. BatchNorm layers in
 /// `sync` mode reduce their statistics through `group` once it is bound.
-pub fn build(
-    p: &nn::Path,
-    cfg: &TrainConfig,
-    shape: &DataShape,
-    group: &GroupSlot,
-) -> Result<Model> {
+pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot) -> Result<Model> {
     let sync = (cfg.batch_norm == BatchNormMode::Sync).then(|| group.clone());
     let mismatch = |m: &str| {
         TrainerError::Config(format!(
             "--model {m} does not fit the dataset's shape {shape:?}"
         ))
     };
-    let net: Box<dyn ModuleT> = match (cfg.model, shape) {
-        (ModelKind::Mlp, DataShape::Image { chw, classes }) => {
+    let net: Box<dyn ModuleT> = match (cfg.arch, shape) {
+        (ModelName::Mlp, DataShape::Image { chw, classes }) => {
             Box::new(mlp::mlp(p, chw.iter().product(), cfg.hidden, *classes))
         }
-        (ModelKind::SimpleCnn, DataShape::Image { chw, classes }) => {
+        (ModelName::SimpleCnn, DataShape::Image { chw, classes }) => {
             Box::new(cnn::simple_cnn(p, *chw, cfg.hidden, *classes))
         }
-        (ModelKind::Resnet18, DataShape::Image { chw, classes }) => {
+        (ModelName::Resnet18, DataShape::Image { chw, classes }) => {
             if chw[0] != 3 {
                 return Err(mismatch("resnet18 (needs 3 channels)"));
             }
@@ -87,7 +82,7 @@ pub fn build(
                 sync,
             ))
         }
-        (ModelKind::Resnet50, DataShape::Image { chw, classes }) => {
+        (ModelName::Resnet50, DataShape::Image { chw, classes }) => {
             if chw[0] != 3 {
                 return Err(mismatch("resnet50 (needs 3 channels)"));
             }
@@ -99,7 +94,7 @@ pub fn build(
                 sync,
             ))
         }
-        (ModelKind::Gpt, DataShape::Text { context, vocab }) => Box::new(gpt::gpt(
+        (ModelName::Gpt, DataShape::Text { context, vocab }) => Box::new(gpt::gpt(
             p,
             gpt::GptConfig {
                 vocab: *vocab,

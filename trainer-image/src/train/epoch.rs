@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tch::Tensor;
 
 use crate::c10d::ProcessGroup;
-use crate::cli::{BatchNormMode, TrainConfig};
+use crate::cli::{BatchNormMode, ModelArgs};
 use crate::error::Result;
 use crate::local_balance;
 use crate::log::EvalRecord;
@@ -31,12 +31,15 @@ impl Trainer<'_> {
             };
         }
         self.balance_and_report()?;
-        if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < self.p.total {
-            agree_buffers(cfg, self.pg, &self.p.all_vars, self.share())?;
+        if cfg.output.checkpoint_every > 0
+            && step % cfg.output.checkpoint_every == 0
+            && step < self.p.total
+        {
+            agree_buffers(&cfg.model, self.pg, &self.p.all_vars, self.share())?;
             self.save()?;
         }
-        if cfg.step_sleep_ms > 0 {
-            std::thread::sleep(Duration::from_millis(cfg.step_sleep_ms));
+        if cfg.obs.step_sleep_ms > 0 {
+            std::thread::sleep(Duration::from_millis(cfg.obs.step_sleep_ms));
         }
         Ok(())
     }
@@ -48,11 +51,11 @@ impl Trainer<'_> {
         if !self.team.everyone() {
             self.catch_up()?;
         }
-        agree_buffers(cfg, self.pg, &p.all_vars, self.share())?;
+        agree_buffers(&cfg.model, self.pg, &p.all_vars, self.share())?;
         let (correct, count, loss) = {
             let _guard = tch::no_grad_guard();
             let n = p.data.eval_len();
-            let mine: Vec<usize> = (cfg.rank..n).step_by(cfg.world_size).collect();
+            let mine: Vec<usize> = (cfg.dist.rank..n).step_by(cfg.dist.world_size).collect();
             let (mut correct, mut count, mut loss) = (0.0, 0.0, 0.0);
             for chunk in mine.chunks(256) {
                 let (x, y) = p.data.eval_batch(chunk, p.device);
@@ -75,14 +78,14 @@ impl Trainer<'_> {
         p.mx.set_eval(acc, eval_loss);
         self.log.write(&EvalRecord {
             event: "eval",
-            rank: cfg.rank,
+            rank: cfg.dist.rank,
             step: self.step,
             epoch: self.pos.epoch,
             eval_loss,
             eval_accuracy: acc,
             eval_samples: n as u64,
         });
-        if cfg.rank == 0 {
+        if cfg.dist.rank == 0 {
             eprintln!(
                 "rank 0: epoch {} step {}: eval accuracy {:.4}, loss {:.4}",
                 self.pos.epoch, self.step, acc, eval_loss
@@ -95,8 +98,8 @@ impl Trainer<'_> {
     /// steps (every rank takes part: same step on all).
     fn balance_and_report(&mut self) -> Result<()> {
         let (cfg, step) = (self.cfg, self.step);
-        let balance_now = self.balancer_rounds() && step % cfg.balance_every == 0;
-        let status_now = cfg.status_every > 0 && step % cfg.status_every == 0;
+        let balance_now = self.balancer_rounds() && step % cfg.plan.balance_every == 0;
+        let status_now = cfg.obs.status_every > 0 && step % cfg.obs.status_every == 0;
         if !(balance_now || status_now) {
             return Ok(());
         }
@@ -107,7 +110,7 @@ impl Trainer<'_> {
                 self.pending = lb.round(&reports, &self.plan);
             }
         }
-        if status_now && cfg.rank == 0 {
+        if status_now && cfg.dist.rank == 0 {
             let (t, s0) = self.status_since;
             let b = f64::from(self.plan.global_batch_size);
             let sps = (step - s0) as f64 * b / t.elapsed().as_secs_f64().max(1e-9);
@@ -123,7 +126,7 @@ impl Trainer<'_> {
 
     /// Whether this run balances on its own (`--balancer local`).
     fn balancer_rounds(&self) -> bool {
-        self.cfg.balancer == crate::cli::BalancerMode::Local
+        self.cfg.plan.balancer == crate::cli::BalancerMode::Local
     }
 }
 
@@ -133,7 +136,7 @@ impl Trainer<'_> {
 /// BatchNorm keeps them equal by construction; rank 0's are broadcast as a
 /// guard. Every rank must call it at the same step.
 pub(super) fn agree_buffers(
-    cfg: &TrainConfig,
+    cfg: &ModelArgs,
     pg: Option<&ProcessGroup>,
     vars: &[(String, Tensor)],
     weight: f64,
@@ -147,7 +150,7 @@ pub(super) fn agree_buffers(
     if buffers.is_empty() {
         return Ok(());
     }
-    if cfg.batch_norm == BatchNormMode::Local && cfg.model.has_batch_norm() {
+    if cfg.batch_norm == BatchNormMode::Local && cfg.arch.has_batch_norm() {
         let _guard = tch::no_grad_guard();
         for (_, t) in &buffers {
             let mut w = (t * weight).contiguous();

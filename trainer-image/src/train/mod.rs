@@ -26,7 +26,7 @@ use typed_arena::Arena;
 
 use crate::c10d::{self, ProcessGroup, Reducer, SlotBinding};
 use crate::checkpoint::{self, Snapshot};
-use crate::cli::{BalancerMode, OptimizerSharding, TrainConfig};
+use crate::cli::{BalancerMode, OptimizerSharding, TrainerArgs};
 use crate::control;
 use crate::error::{Result, TrainerError};
 use crate::local_balance::{self, Interval, LocalBalancer};
@@ -49,10 +49,10 @@ pub struct RunSummary {
 }
 
 /// Run training with `cfg` until done or stopped; `stop` is set by SIGTERM.
-pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
-    cfg.validate().map_err(TrainerError::Config)?;
-    apply_threads(cfg);
-    if cfg.deterministic {
+pub fn run(cfg: &TrainerArgs, stop: Arc<AtomicBool>) -> Result<RunSummary> {
+    crate::cli::validate(cfg).map_err(TrainerError::Config)?;
+    apply_threads(&cfg.dist);
+    if cfg.optim.deterministic {
         c10d::set_deterministic(true);
     }
     let (parts, plans) = Parts::build(cfg)?;
@@ -73,7 +73,7 @@ pub fn run(cfg: &TrainConfig, stop: Arc<AtomicBool>) -> Result<RunSummary> {
 
 /// The run's changing state, over the fixed [`Parts`] and the group.
 struct Trainer<'a> {
-    cfg: &'a TrainConfig,
+    cfg: &'a TrainerArgs,
     p: &'a Parts,
     /// The whole job's group.
     pg: Option<&'a ProcessGroup>,
@@ -112,7 +112,7 @@ struct Trainer<'a> {
 
 impl<'a> Trainer<'a> {
     fn new(
-        cfg: &'a TrainConfig,
+        cfg: &'a TrainerArgs,
         p: &'a Parts,
         plans: Plans,
         pg: Option<&'a ProcessGroup>,
@@ -124,10 +124,10 @@ impl<'a> Trainer<'a> {
             cfg,
             p,
             pg,
-            team: Team::new(pg, subgroups, cfg.world_size),
+            team: Team::new(pg, subgroups, cfg.dist.world_size),
             reducer: None,
             bound: None,
-            opt: Optimizer::new(cfg, &p.flat, layout.own(cfg.rank)),
+            opt: Optimizer::new(&cfg.optim, &p.flat, layout.own(cfg.dist.rank)),
             layout,
             plan: plans.plan,
             source: plans.source,
@@ -137,14 +137,14 @@ impl<'a> Trainer<'a> {
             interval: Interval::default(),
             warm: true,
             status_since: (Instant::now(), 0),
-            sampler: HeteroSampler::new(p.data.train_len(), cfg.seed, !cfg.no_shuffle),
+            sampler: HeteroSampler::new(p.data.train_len(), cfg.optim.seed, !cfg.data.no_shuffle),
             pos: SamplerPosition {
                 epoch: 0,
                 step_in_epoch: 0,
             },
             step: 0,
             carried: None,
-            log: JsonlLog::open(&cfg.output_dir, cfg.rank)?,
+            log: JsonlLog::open(&cfg.output.output_dir, cfg.dist.rank)?,
             global_loss: f64::NAN,
             last_acc: None,
             stopped: false,
@@ -165,9 +165,9 @@ impl<'a> Trainer<'a> {
     fn regroup(&mut self, members: Vec<usize>) -> Result<()> {
         self.reducer = None;
         self.bound = None;
-        self.team.switch(self.cfg.rank, members)?;
+        self.team.switch(self.cfg.dist.rank, members)?;
         if let Some(g) = self.team.group() {
-            let bucket = self.cfg.bucket_mib.max(1) << 20;
+            let bucket = self.cfg.dist.bucket_mib.max(1) << 20;
             self.reducer =
                 Some(g.reducer(&self.p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?);
             self.bound = Some(self.p.group_slot.bind(g));
@@ -188,7 +188,7 @@ impl<'a> Trainer<'a> {
     fn local_batch(&self) -> u32 {
         self.plan
             .batch_sizes
-            .get(self.cfg.rank)
+            .get(self.cfg.dist.rank)
             .copied()
             .unwrap_or(0)
     }
@@ -200,11 +200,11 @@ impl<'a> Trainer<'a> {
 
     /// Bare-metal balancing: profiles are gathered once; rank 0 decides.
     fn start_local_balancer(&mut self) -> Result<()> {
-        if self.cfg.balancer != BalancerMode::Local {
+        if self.cfg.plan.balancer != BalancerMode::Local {
             return Ok(());
         }
         let profiles = local_balance::gather_profiles(self.pg, self.p.hw_profile.as_ref())?;
-        if self.cfg.rank == 0 {
+        if self.cfg.dist.rank == 0 {
             let mut lb = LocalBalancer::new(self.cfg)?;
             lb.observe_profiles(&profiles);
             if profiles.iter().all(Option::is_some) {
@@ -217,14 +217,14 @@ impl<'a> Trainer<'a> {
 
     /// Whether the update is sharded by local batch.
     fn sharded(&self) -> bool {
-        self.cfg.optimizer_sharding == OptimizerSharding::Proportional
+        self.cfg.optim.optimizer_sharding == OptimizerSharding::Proportional
     }
 
     /// The whole optimizer state, named per parameter. Collective under a
     /// sharded layout (pass the group); `None` reads this rank's own state,
     /// which is whole before the first step.
     fn whole_optimizer_state(&self, pg: Option<&ProcessGroup>) -> Result<Named> {
-        let (flat, rank) = (&self.p.flat, self.cfg.rank);
+        let (flat, rank) = (&self.p.flat, self.cfg.dist.rank);
         let whole = self.opt.gather(pg, rank, &self.layout, flat.len())?;
         Ok(self.opt.named(&whole, flat, &self.p.param_names))
     }
@@ -235,9 +235,10 @@ impl<'a> Trainer<'a> {
         let optimizer = self.whole_optimizer_state(self.pg)?;
         let Some(dir) = self
             .cfg
+            .output
             .checkpoint_dir
             .as_ref()
-            .filter(|_| self.cfg.rank == 0)
+            .filter(|_| self.cfg.dist.rank == 0)
         else {
             return Ok(());
         };
@@ -246,8 +247,8 @@ impl<'a> Trainer<'a> {
             &Snapshot {
                 step: self.step,
                 position: self.pos,
-                seed: self.cfg.seed,
-                shuffle: !self.cfg.no_shuffle,
+                seed: self.cfg.optim.seed,
+                shuffle: !self.cfg.data.no_shuffle,
                 optimizer_steps: self.opt.steps,
                 plan: &self.plan,
                 model: &self.p.model_name,
@@ -261,12 +262,12 @@ impl<'a> Trainer<'a> {
 
     /// The end of the run: buffers agreed, a last checkpoint, the weights.
     fn finish(self) -> Result<RunSummary> {
-        epoch::agree_buffers(self.cfg, self.pg, &self.p.all_vars, self.share())?;
+        epoch::agree_buffers(&self.cfg.model, self.pg, &self.p.all_vars, self.share())?;
         self.save()?;
         self.p.mx.set_finished();
-        if self.cfg.rank == 0 {
+        if self.cfg.dist.rank == 0 {
             write_weights(
-                &self.cfg.output_dir.join("model.safetensors"),
+                &self.cfg.output.output_dir.join("model.safetensors"),
                 &self.p.all_vars,
             )?;
         }

@@ -52,7 +52,7 @@ impl Trainer<'_> {
     /// Every rank: start from rank 0's checkpoint when it found one, and
     /// from rank 0's initial weights in any case.
     pub(super) fn resume(&mut self) -> Result<()> {
-        let found = if self.cfg.rank == 0 && self.cfg.resume == ResumeMode::Auto {
+        let found = if self.cfg.dist.rank == 0 && self.cfg.output.resume == ResumeMode::Auto {
             self.load_checkpoint()?
         } else {
             None
@@ -77,7 +77,7 @@ impl Trainer<'_> {
     /// one that fails to load falls back to the next older one (each with
     /// a warning).
     fn load_checkpoint(&mut self) -> Result<Option<ResumeState>> {
-        let Some(dir) = &self.cfg.checkpoint_dir else {
+        let Some(dir) = &self.cfg.output.checkpoint_dir else {
             return Ok(None);
         };
         let fingerprint = &self.p.fingerprint;
@@ -104,7 +104,7 @@ impl Trainer<'_> {
             fingerprint.hash()
         );
         if m.plan
-            .validate_for(self.cfg.world_size, self.cfg.batch_size)
+            .validate_for(self.cfg.dist.world_size, self.cfg.optim.batch_size)
             .is_ok()
             && self.gate.below_floor(&m.plan).is_none()
             && m.plan.generation > self.plan.generation

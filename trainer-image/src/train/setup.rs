@@ -11,7 +11,7 @@ use tch::{Device, Tensor};
 
 use crate::c10d::{self, GroupSlot, ProcessGroup, RendezvousConfig};
 use crate::checkpoint::Fingerprint;
-use crate::cli::{BackendKind, DeviceArg, TrainConfig};
+use crate::cli::{Backend, DeviceArg, DistArgs, TrainerArgs};
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
 use crate::metrics::{self, TrainerMetrics};
@@ -26,7 +26,7 @@ use crate::shard::FlatParams;
 /// Tensors with their VarStore names.
 pub(super) type Named = Vec<(String, Tensor)>;
 
-pub fn pick_device(cfg: &TrainConfig) -> Result<Device> {
+pub fn pick_device(cfg: &DistArgs) -> Result<Device> {
     match cfg.device {
         DeviceArg::Cpu => Ok(Device::Cpu),
         DeviceArg::Cuda => {
@@ -48,7 +48,7 @@ pub(super) fn sync_device(device: Device) {
 }
 
 /// Set libtorch's thread counts from the config.
-pub fn apply_threads(cfg: &TrainConfig) {
+pub fn apply_threads(cfg: &DistArgs) {
     if cfg.threads > 0 {
         tch::set_num_threads(cfg.threads as i32);
         tch::set_num_interop_threads(1);
@@ -64,29 +64,29 @@ pub fn open_gpu(device: Device) -> Option<Gpu> {
 }
 
 /// Join the group (none for a single process) and pick NCCL when allowed.
-pub(super) fn join(cfg: &TrainConfig, device: Device) -> Result<Option<ProcessGroup>> {
-    if cfg.world_size == 1 {
+pub(super) fn join(cfg: &TrainerArgs, device: Device) -> Result<Option<ProcessGroup>> {
+    if cfg.dist.world_size == 1 {
         return Ok(None);
     }
     c10d::quiet_c10_logging();
     let mut pg = ProcessGroup::join(&RendezvousConfig {
-        master_addr: cfg.master_addr.clone(),
-        master_port: cfg.master_port,
-        rank: cfg.rank,
-        world_size: cfg.world_size,
-        rendezvous_timeout: Duration::from_secs(cfg.rendezvous_timeout_secs),
-        collective_timeout: Duration::from_secs(cfg.collective_timeout_secs),
-        bind_host: cfg.bind_addr.clone(),
-        iface: cfg.gloo_socket_ifname.clone(),
+        master_addr: cfg.dist.master_addr.clone(),
+        master_port: cfg.dist.master_port,
+        rank: cfg.dist.rank,
+        world_size: cfg.dist.world_size,
+        rendezvous_timeout: Duration::from_secs(cfg.dist.rendezvous_timeout_secs),
+        collective_timeout: Duration::from_secs(cfg.dist.collective_timeout_secs),
+        bind_host: cfg.dist.bind_addr.clone(),
+        iface: cfg.dist.gloo_socket_ifname.clone(),
     })?;
     // Agree on NCCL: only when every rank is CUDA and wants it.
-    let wants = device.is_cuda() && cfg.backend != BackendKind::Gloo && cfg!(feature = "nccl");
+    let wants = device.is_cuda() && cfg.dist.backend != Backend::Gloo && cfg!(feature = "nccl");
     let mut t = Tensor::from_slice(&[i64::from(wants)]);
     pg.all_reduce_sum(&mut t)?;
-    let all = t.int64_value(&[0]) == cfg.world_size as i64;
+    let all = t.int64_value(&[0]) == cfg.dist.world_size as i64;
     if all {
         pg.enable_nccl()?;
-    } else if cfg.backend == BackendKind::Nccl && cfg.rank == 0 {
+    } else if cfg.dist.backend == Backend::Nccl && cfg.dist.rank == 0 {
         eprintln!(
             "warning: --backend nccl needs every rank on CUDA with an nccl build; using Gloo (CUDA tensors staged through host memory)"
         );
@@ -133,13 +133,13 @@ pub(super) struct Plans {
 impl Plans {
     /// The starting plan and where later plans come from. The gate learns
     /// whether the start is the built-in equal split.
-    fn start(cfg: &TrainConfig, metrics: &TrainerMetrics) -> Result<Plans> {
-        let ws = cfg.world_size;
+    fn start(cfg: &TrainerArgs, metrics: &TrainerMetrics) -> Result<Plans> {
+        let ws = cfg.dist.world_size;
         let mut gate = PlanGate {
-            min_local_batch: cfg.min_local_batch(),
+            min_local_batch: cfg.model.min_local_batch(),
             ..PlanGate::default()
         };
-        let equal = BatchPlan::equal(0, cfg.batch_size, ws);
+        let equal = BatchPlan::equal(0, cfg.optim.batch_size, ws);
         let fixed = |plan, gate| -> Result<Plans> {
             Ok(Plans {
                 plan,
@@ -147,19 +147,24 @@ impl Plans {
                 gate,
             })
         };
-        let Some(path) = &cfg.plan_file else {
+        let Some(path) = &cfg.plan.plan_file else {
             gate.current_is_default = true;
-            let Some(name) = cfg.plan_configmap.clone().filter(|_| cfg.rank == 0) else {
+            let Some(name) = cfg
+                .plan
+                .plan_configmap
+                .clone()
+                .filter(|_| cfg.dist.rank == 0)
+            else {
                 return fixed(equal, gate);
             };
-            let mut src = match ConfigMapPlanSource::start(name.clone(), cfg.namespace.clone(), ws)
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("warning: cannot start the plan watch: {e}; plans stay fixed");
-                    return fixed(equal, gate);
-                }
-            };
+            let mut src =
+                match ConfigMapPlanSource::start(name.clone(), cfg.plan.namespace.clone(), ws) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("warning: cannot start the plan watch: {e}; plans stay fixed");
+                        return fixed(equal, gate);
+                    }
+                };
             eprintln!(
                 "rank 0: watching ConfigMap {name} for {}",
                 heterotrain_crds::plan::PLAN_KEY
@@ -183,7 +188,7 @@ impl Plans {
         };
         let mut src = FilePlanSource::new(path.clone(), ws);
         let plan = src.read_now().map_err(TrainerError::Config)?;
-        plan.validate_for(ws, cfg.batch_size)
+        plan.validate_for(ws, cfg.optim.batch_size)
             .map_err(|e| TrainerError::Config(format!("plan file {}: {e}", path.display())))?;
         if let Some(why) = gate.below_floor(&plan) {
             return Err(TrainerError::Config(format!(
@@ -200,18 +205,19 @@ impl Plans {
 }
 
 /// Start the metrics endpoint (a bind failure is a warning, not an error).
-fn serve_metrics(cfg: &TrainConfig, mx: &Arc<TrainerMetrics>) {
-    if cfg.metrics_port != 0 {
+fn serve_metrics(cfg: &TrainerArgs, mx: &Arc<TrainerMetrics>) {
+    if cfg.obs.metrics_port != 0 {
         let addr = cfg
+            .obs
             .metrics_addr
             .clone()
             .filter(|a| !a.is_empty())
             .unwrap_or_else(|| "0.0.0.0".into());
-        match metrics::serve(Arc::clone(mx), &addr, cfg.metrics_port) {
-            Ok(a) => eprintln!("rank {}: metrics on http://{a}/metrics", cfg.rank),
+        match metrics::serve(Arc::clone(mx), &addr, cfg.obs.metrics_port) {
+            Ok(a) => eprintln!("rank {}: metrics on http://{a}/metrics", cfg.dist.rank),
             Err(e) => eprintln!(
                 "warning: rank {}: no metrics endpoint on {addr}:{}: {e}",
-                cfg.rank, cfg.metrics_port
+                cfg.dist.rank, cfg.obs.metrics_port
             ),
         }
     }
@@ -219,13 +225,13 @@ fn serve_metrics(cfg: &TrainConfig, mx: &Arc<TrainerMetrics>) {
 
 /// This device's hardware profile (none with --no-profile).
 fn measure_profile(
-    cfg: &TrainConfig,
+    cfg: &TrainerArgs,
     device: Device,
     data: &Dataset,
     gpu: Option<&Gpu>,
     mx: &TrainerMetrics,
 ) -> Result<Option<HardwareProfile>> {
-    if cfg.no_profile {
+    if cfg.obs.no_profile {
         return Ok(None);
     }
     let t = Instant::now();
@@ -233,7 +239,7 @@ fn measure_profile(
     mx.set_profile(&p);
     eprintln!(
         "rank {}: profile in {:.1}s: {} {:.2e} FLOP/s, {:.2e} B/s, t(b) = {:.4} + {:.6}·b s, max batch {}",
-        cfg.rank,
+        cfg.dist.rank,
         t.elapsed().as_secs_f64(),
         p.device.name,
         p.matmul_flops,
@@ -270,8 +276,8 @@ pub(super) struct Parts {
 }
 
 impl Parts {
-    pub fn build(cfg: &TrainConfig) -> Result<(Parts, Plans)> {
-        let device = pick_device(cfg)?;
+    pub fn build(cfg: &TrainerArgs) -> Result<(Parts, Plans)> {
+        let device = pick_device(&cfg.dist)?;
         let gpu = open_gpu(device);
         let mx = Arc::new(TrainerMetrics::new(gpu.clone()));
         mx.set_device(&profile::device_info(device, gpu.as_ref()));
@@ -280,16 +286,16 @@ impl Parts {
         // After the configuration is known good: errors stay one line.
         serve_metrics(cfg, &mx);
         let hw_profile = measure_profile(cfg, device, &data, gpu.as_ref(), &mx)?;
-        let spe = steps_per_epoch(data.train_len(), cfg.batch_size);
-        let total = match (cfg.max_steps, cfg.epochs) {
+        let spe = steps_per_epoch(data.train_len(), cfg.optim.batch_size);
+        let total = match (cfg.optim.max_steps, cfg.optim.epochs) {
             (Some(steps), Some(epochs)) => steps.min(epochs.saturating_mul(spe)),
             (Some(steps), None) => steps,
             (None, epochs) => epochs.unwrap_or(1).saturating_mul(spe),
         };
-        tch::manual_seed(cfg.seed as i64);
+        tch::manual_seed(cfg.optim.seed as i64);
         let vs = VarStore::new(device);
         let group_slot = GroupSlot::default();
-        let model = models::build(&vs.root(), cfg, &data.shape, &group_slot)?;
+        let model = models::build(&vs.root(), &cfg.model, &data.shape, &group_slot)?;
         let (all_vars, trainable) = named_vars(&vs);
         let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
         let flat = FlatParams::new(&params)?;
@@ -308,7 +314,7 @@ impl Parts {
             param_names: trainable.into_iter().map(|(n, _)| n).collect(),
             params,
             flat,
-            model_name: serde_json::to_value(cfg.model)
+            model_name: serde_json::to_value(cfg.model.arch)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),

@@ -32,7 +32,7 @@ impl<'a> Trainer<'a> {
     /// The step boundary: every rank applies the same agreement (plan and
     /// stop). Returns false when the run stops here.
     pub(super) fn boundary(&mut self, stop_requested: bool) -> Result<bool> {
-        let rank = self.cfg.rank;
+        let rank = self.cfg.dist.rank;
         let agreed = match self.carried.take() {
             Some(a) => a,
             None => {
@@ -51,7 +51,7 @@ impl<'a> Trainer<'a> {
         {
             agreed
                 .plan
-                .validate_for(self.cfg.world_size, self.cfg.batch_size)
+                .validate_for(self.cfg.dist.world_size, self.cfg.optim.batch_size)
                 .map_err(|e| TrainerError::Config(format!("agreed plan is invalid: {e}")))?;
             if rank == 0 {
                 eprintln!(
@@ -109,7 +109,7 @@ impl<'a> Trainer<'a> {
     /// One step from data to update, logged; `started` is when its
     /// boundary began.
     pub(super) fn step(&mut self, started: Instant, stop: &AtomicBool) -> Result<()> {
-        let (rank, device) = (self.cfg.rank, self.p.device);
+        let (rank, device) = (self.cfg.dist.rank, self.p.device);
         let mut tm = StepTimings::default();
         let t0 = Instant::now();
         // Rank 0's next proposal and every stop request: a small all-reduce
@@ -117,7 +117,7 @@ impl<'a> Trainer<'a> {
         // end; it takes effect at the next step boundary.
         let proposed = self.propose();
         let stop_now = stop.load(Ordering::SeqCst);
-        let mut word = control::encode(rank, self.cfg.world_size, &proposed, stop_now);
+        let mut word = control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now);
         let word_work = self.start_sum(&mut word)?;
         if self.local_batch() == 0 {
             return self.sit_out(started, word, word_work, &proposed);
@@ -168,7 +168,7 @@ impl<'a> Trainer<'a> {
         if let Some(w) = word_work {
             w.wait()?;
         }
-        self.carried = Some(control::decode(&word, self.cfg.rank, proposed));
+        self.carried = Some(control::decode(&word, self.cfg.dist.rank, proposed));
         // The members' loss is theirs alone: keep showing the last known.
         let global_loss = self.global_loss;
         self.opt.skip();
@@ -176,7 +176,7 @@ impl<'a> Trainer<'a> {
             allreduce_seconds: t0.elapsed().as_secs_f64(),
             ..StepTimings::default()
         };
-        let lr = optim::lr_at(self.cfg, self.step + 1, self.p.total);
+        let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         self.step += 1;
         self.record(started, tm, global_loss, global_loss, lr, None)
     }
@@ -252,7 +252,7 @@ impl<'a> Trainer<'a> {
     fn update(&mut self, tm: &mut StepTimings) -> Result<f64> {
         let device = self.p.device;
         let t4 = Instant::now();
-        let lr = optim::lr_at(self.cfg, self.step + 1, self.p.total);
+        let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         self.opt.step(&self.p.flat, lr);
         sync_device(device);
         let t5 = Instant::now();
@@ -287,7 +287,7 @@ impl<'a> Trainer<'a> {
         };
         self.log.write(&StepRecord {
             event: "step",
-            rank: self.cfg.rank,
+            rank: self.cfg.dist.rank,
             step: self.step,
             epoch: self.pos.epoch,
             generation: self.plan.generation,
@@ -327,7 +327,7 @@ impl<'a> Trainer<'a> {
     /// ranks propose nothing (their control word carries only a stop request).
     fn propose(&mut self) -> BatchPlan {
         let mut proposed = self.plan.clone();
-        if self.cfg.rank != 0 {
+        if self.cfg.dist.rank != 0 {
             return proposed;
         }
         let world = self.plan.batch_sizes.len();

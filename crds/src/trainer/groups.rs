@@ -1,0 +1,275 @@
+//! The trainer's settings, one group per subsystem. Each field is one flag
+//! of `heterotrain-trainer train`; its doc comment is the flag's `--help`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::env;
+use super::{BalancerMode, ResumeMode};
+use crate::metrics::DEFAULT_METRICS_PORT;
+use crate::{Backend, BatchNormMode, DatasetName, Device, ModelName, Optimizer};
+use crate::{OptimizerSharding, Schedule};
+
+/// The model: architecture and size.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct ModelArgs {
+    /// Model architecture.
+    #[arg(id = "model", long = "model", value_name = "MODEL", value_enum, default_value = "mlp", env = env::MODEL)]
+    #[serde(rename = "model")]
+    pub arch: ModelName,
+    /// Hidden width of mlp / simple_cnn's dense layer; embedding width of
+    /// gpt (alias `--width`).
+    #[arg(long, alias = "width", default_value_t = 128)]
+    pub hidden: i64,
+    /// Base width of resnet18/resnet50 (64 is the standard model).
+    #[arg(long, default_value_t = 64)]
+    pub resnet_width: i64,
+    /// BatchNorm statistics in training (resnet18/resnet50): `sync` over the
+    /// global batch (exact under any split) or `local` per rank.
+    #[arg(long, value_enum, default_value = "sync", env = env::BATCH_NORM)]
+    pub batch_norm: BatchNormMode,
+    /// Transformer blocks (gpt).
+    #[arg(long, default_value_t = 2)]
+    pub layers: i64,
+    /// Attention heads (gpt).
+    #[arg(long, default_value_t = 4)]
+    pub heads: i64,
+    /// Context length in tokens (gpt, synthetic_text, tokens).
+    #[arg(long, default_value_t = 64)]
+    pub context: i64,
+    /// Vocabulary size (gpt, synthetic_text, tokens: every token in the
+    /// files must be below it; 256 fits byte-level text).
+    #[arg(long, default_value_t = 256)]
+    pub vocab: i64,
+}
+
+impl ModelArgs {
+    /// The smallest local batch a plan may give a rank: 2 for per-rank
+    /// BatchNorm (one sample has no variance), else 1.
+    pub fn min_local_batch(&self) -> u32 {
+        if self.arch.has_batch_norm() && self.batch_norm == BatchNormMode::Local {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// The data: which dataset, where, and how it is walked.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct DataArgs {
+    /// Dataset.
+    #[arg(long, value_enum, default_value = "synthetic_image", env = env::DATASET)]
+    pub dataset: DatasetName,
+    /// Directory with the dataset files (cifar10: data_batch_*.bin, test_batch.bin;
+    /// cifar100: train.bin, test.bin; mnist: train-images-idx3-ubyte etc.,
+    /// not gzipped; tokens: train.bin, val.bin as little-endian uint16, cut
+    /// into non-overlapping windows of --context + 1 tokens).
+    #[arg(long, env = env::DATA_DIR)]
+    pub data_dir: Option<PathBuf>,
+    /// Number of samples for the synthetic datasets.
+    #[arg(long, default_value_t = 4096)]
+    pub synthetic_samples: usize,
+    /// Fraction held out for evaluation when the dataset has no test split.
+    #[arg(long, default_value_t = 0.1)]
+    pub eval_fraction: f64,
+    /// Take samples in order instead of a seeded permutation per epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+}
+
+/// Optimisation: the global batch, the run's length, the optimizer and its
+/// schedule, the seed.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct OptimArgs {
+    /// Global batch size B (sum of all ranks' local batches).
+    #[arg(long, alias = "global-batch-size", default_value_t = 64, env = env::BATCH_SIZE)]
+    pub batch_size: u32,
+    /// Epochs to train (an epoch = floor(N/B) steps); default 1 unless
+    /// --max-steps is given, which then alone decides the length.
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Stop after this many steps in total (with --epochs too: whichever comes first).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "sgd")]
+    pub optimizer: Optimizer,
+    /// Who runs the optimizer update: `proportional` shards it (and its
+    /// state) across ranks in proportion to their local batches, so a slow
+    /// rank updates little; `replicated` updates everything on every rank.
+    /// The result is the same either way.
+    #[arg(long, value_enum, default_value = "proportional", env = env::OPTIMIZER_SHARDING)]
+    pub optimizer_sharding: OptimizerSharding,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Weight decay (L2 for sgd, decoupled for adamw).
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Learning-rate schedule after warmup.
+    #[arg(long, value_enum, default_value = "constant")]
+    pub schedule: Schedule,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: u64,
+    /// Steps between decays (schedule step).
+    #[arg(long, default_value_t = 1000)]
+    pub step_size: u64,
+    /// Decay factor (schedule step).
+    #[arg(long, default_value_t = 0.1)]
+    pub gamma: f64,
+    /// Seed for model init, data and shuffling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Deterministic algorithms (bit-identical reruns and resumes on CPU with --threads 1).
+    #[arg(long)]
+    pub deterministic: bool,
+}
+
+/// Distributed execution: device, threads, the rank layout (torchrun's
+/// variables) and c10d.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct DistArgs {
+    /// Collective backend.
+    #[arg(long, value_enum, default_value = "auto", env = env::BACKEND)]
+    pub backend: Backend,
+    /// Compute device.
+    #[arg(long, value_enum, default_value = "cpu", env = env::DEVICE)]
+    pub device: Device,
+    /// Intra-op threads for this rank (0: libtorch's default).
+    #[arg(long, default_value_t = 0, env = env::THREADS)]
+    pub threads: usize,
+    /// Seconds to wait for all ranks to join.
+    #[arg(long, default_value_t = 300)]
+    pub rendezvous_timeout_secs: u64,
+    /// Seconds a collective may take before the run fails.
+    #[arg(long, default_value_t = 300)]
+    pub collective_timeout_secs: u64,
+    /// Gradient bucket size in MiB: PyTorch's Reducer all-reduces each
+    /// bucket as soon as its gradients are ready during backward (the first
+    /// bucket is 1 MiB, as in DDP, so communication starts early).
+    #[arg(long, default_value_t = 25)]
+    pub bucket_mib: usize,
+    /// This rank (torchrun `RANK`).
+    #[arg(long, env = env::RANK, default_value_t = 0)]
+    #[serde(skip)]
+    pub rank: usize,
+    /// Number of ranks (torchrun `WORLD_SIZE`).
+    #[arg(long, env = env::WORLD_SIZE, default_value_t = 1)]
+    #[serde(skip)]
+    pub world_size: usize,
+    /// Rank on this host; picks the CUDA device (torchrun `LOCAL_RANK`).
+    #[arg(long, env = env::LOCAL_RANK, default_value_t = 0)]
+    #[serde(skip)]
+    pub local_rank: usize,
+    /// Rank 0's address (torchrun `MASTER_ADDR`).
+    #[arg(long, env = env::MASTER_ADDR, default_value = "127.0.0.1")]
+    #[serde(skip)]
+    pub master_addr: String,
+    /// Rank 0's TCPStore port (torchrun `MASTER_PORT`).
+    #[arg(long, env = env::MASTER_PORT, default_value_t = 29500)]
+    #[serde(skip)]
+    pub master_port: u16,
+    /// Address the Gloo transport binds (default: 127.0.0.1 when MASTER_ADDR
+    /// is loopback, else the host's resolved address).
+    #[arg(long, env = env::BIND_ADDR)]
+    #[serde(skip)]
+    pub bind_addr: Option<String>,
+    /// Network interface for Gloo.
+    #[arg(long, env = env::GLOO_SOCKET_IFNAME)]
+    #[serde(skip)]
+    pub gloo_socket_ifname: Option<String>,
+}
+
+/// Where the run writes: its log, final weights and checkpoints, and how
+/// it resumes.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct OutputArgs {
+    /// Directory for this rank's JSON-lines log `rank-<r>.jsonl` and, on
+    /// rank 0, the final weights `model.safetensors`.
+    #[arg(long, default_value = "heterotrain-out", env = env::OUTPUT_DIR)]
+    pub output_dir: PathBuf,
+    /// Directory for checkpoints (written by rank 0); none: no checkpoints.
+    #[arg(long, env = env::CHECKPOINT_DIR)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Resume from the newest checkpoint of this run that loads (`auto`) or
+    /// not. Checkpoints whose fingerprint (model and shape flags, batch size,
+    /// dataset and its size, optimizer, world size, job UID) differs are
+    /// skipped with a warning.
+    #[arg(long, value_enum, default_value = "never", env = env::RESUME)]
+    pub resume: ResumeMode,
+    /// UID of the HeteroTrainingJob (set by the operator): part of the run
+    /// fingerprint, so `--resume auto` never takes another job's checkpoints.
+    #[arg(long, env = env::JOB_UID)]
+    #[serde(skip)]
+    pub job_uid: Option<String>,
+}
+
+/// Where batch plans come from and, without an operator, how rank 0
+/// balances.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct PlanArgs {
+    /// JSON batch plan (format: docs/design.md "Contracts"); rank 0 re-reads it when it changes
+    /// and all ranks switch at the same step. Without it: an equal split.
+    #[arg(long, env = env::PLAN_FILE)]
+    pub plan_file: Option<PathBuf>,
+    /// Plan ConfigMap to watch for `plan.json` (set by the operator); rank 0
+    /// watches it and all ranks switch at the same step.
+    #[arg(long, env = env::PLAN_CONFIGMAP)]
+    #[serde(skip)]
+    pub plan_configmap: Option<String>,
+    /// Namespace of the plan ConfigMap (default: the kube client's).
+    #[arg(long, env = env::NAMESPACE)]
+    #[serde(skip)]
+    pub namespace: Option<String>,
+    /// `local`: rank 0 balances from all-gathered measurements (no operator).
+    #[arg(long, value_enum, default_value = "none", env = env::BALANCER)]
+    pub balancer: BalancerMode,
+    /// Balancing policy for `--balancer local`: static, proportional,
+    /// dynamic, hybrid.
+    #[arg(long, default_value = "dynamic", env = env::POLICY)]
+    pub policy: String,
+    /// Steps between local balancing rounds.
+    #[arg(long, default_value_t = 20)]
+    pub balance_every: u64,
+    /// Hysteresis of the local balancer: minimum predicted gain, percent.
+    #[arg(long, default_value_t = 5)]
+    pub min_gain_percent: u32,
+}
+
+/// What the run tells the world: status lines, `/metrics`, the start-up
+/// hardware profile.
+#[derive(Clone, Debug, PartialEq, Args, Serialize)]
+pub struct ObsArgs {
+    /// Rank 0 prints a one-line status every N steps (0: never).
+    #[arg(long, default_value_t = 50)]
+    pub status_every: u64,
+    /// Port of the Prometheus `/metrics` endpoint (0: no endpoint).
+    #[arg(long, default_value_t = DEFAULT_METRICS_PORT, env = env::METRICS_PORT)]
+    pub metrics_port: u16,
+    /// Address the metrics endpoint binds (default: `POD_IP`, else 0.0.0.0).
+    #[arg(long, env = env::POD_IP)]
+    #[serde(skip)]
+    pub metrics_addr: Option<String>,
+    /// Local batch sizes the start-up profile measures.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
+    pub profile_batch_sizes: Vec<u32>,
+    /// Skip the start-up hardware profile.
+    #[arg(long)]
+    pub no_profile: bool,
+    /// Time budget of the profile's measurements, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    pub profile_seconds: f64,
+    /// Sleep this long after every step (demos and tests of live plan changes).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub step_sleep_ms: u64,
+}
