@@ -240,7 +240,7 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
         .await;
     }
     let _ = ctx.hosts.remove(&uid);
-    ctx.remove_target(&uid);
+    ctx.targets.remove(&uid);
     if running.terminating.load(Ordering::SeqCst) {
         finalize_delete(&ctx, &pod).await;
     }
@@ -367,7 +367,7 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     if let Ok(mut p) = running.pid.lock() {
         *p = Some(pid);
     }
-    ctx.add_target(pod, &ip);
+    ctx.targets.add(pod, &ip);
     let started = now();
     let image = container.image.clone().unwrap_or_default();
     let cname = container.name.clone();
