@@ -6,11 +6,13 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod container;
 pub mod env;
 pub mod hosts;
 pub mod mounts;
 pub mod node;
 pub mod pod;
+pub mod status;
 pub mod targets;
 mod watch;
 
