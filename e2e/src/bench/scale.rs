@@ -323,15 +323,11 @@ async fn grow(
             rss_mib: system.operator_pid().and_then(rss_mib),
             seconds_to_running: to_running,
         };
-        let ms = |v: Option<f64>| v.unwrap_or(f64::NAN) * 1000.0;
+        let [p50, p99, burst_p50, burst_p99] = p.latencies_ms().map(|v| v.unwrap_or(f64::NAN));
         say(&format!(
-            "    {n} jobs: steady {} reconciles, p50 {:.1} ms, p99 {:.1} ms; while creating {} reconciles, p50 {:.1} ms, p99 {:.1} ms; RSS {:.1} MiB",
+            "    {n} jobs: steady {} reconciles, p50 {p50:.1} ms, p99 {p99:.1} ms; while creating {} reconciles, p50 {burst_p50:.1} ms, p99 {burst_p99:.1} ms; RSS {:.1} MiB",
             p.reconciles,
-            ms(p.reconcile_p50_seconds),
-            ms(p.reconcile_p99_seconds),
             p.burst_reconciles,
-            ms(p.burst_p50_seconds),
-            ms(p.burst_p99_seconds),
             p.rss_mib.unwrap_or(f64::NAN)
         ));
         points.push(p);
