@@ -143,23 +143,20 @@ pub fn histogram_count(buckets: &BTreeMap<u64, f64>) -> f64 {
 
 /// Resident set size of `pid`, MiB.
 pub fn rss_mib(pid: u32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    proc_mib(&format!("/proc/{pid}/status"), "VmRSS:")
 }
 
 /// `MemAvailable` of this machine, MiB.
 fn mem_available_mib() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    proc_mib("/proc/meminfo", "MemAvailable:")
+}
+
+/// The `<field> <n> kB` line of a /proc file, in MiB.
+fn proc_mib(path: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
     let kb: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()
