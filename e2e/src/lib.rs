@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cluster;
 pub mod crd;
 pub mod datasets;
+pub mod demo;
 pub mod keeper;
 pub mod nodesim;
 pub mod paths;

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use crate::keeper::{spawn_tied, stop_child};
 use crate::paths::find_binary;
@@ -113,16 +114,16 @@ impl Drop for Prometheus {
     }
 }
 
+/// RFC 3986's unreserved characters: what a query-string value keeps as is.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// Percent-encode a query-string value.
 pub fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 /// Minimal HTTP/1.1 GET to 127.0.0.1:`port` (plain text, `Connection: close`).

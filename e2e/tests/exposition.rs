@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn operator_binary() -> std::path::PathBuf {
-    heterotrain_e2e::nodesim::pod::find_program("heterotrain-operator")
+    heterotrain_e2e::nodesim::container::find_program("heterotrain-operator")
         .expect("heterotrain-operator not built: run `cargo build -p heterotrain-operator`")
 }
 

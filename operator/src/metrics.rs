@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 /// Label set of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,52 +47,58 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut root = Registry::default();
         let reg = root.sub_registry_with_prefix("heterotrain_operator");
-        let m = Metrics {
-            reconciles: Counter::default(),
-            errors: Family::default(),
-            reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
-            rebalances: Family::default(),
-            plan_propagation: Histogram::new(exponential_buckets(0.1, 2.0, 12)),
-            scrape_failures: Counter::default(),
-            leader: Gauge::default(),
-            registry: Arc::new(Mutex::new(Registry::default())),
-        };
-        reg.register("reconciles", "Reconciles run", m.reconciles.clone());
-        reg.register(
-            "reconcile_errors",
-            "Reconcile errors by reason",
-            m.errors.clone(),
-        );
-        reg.register_with_unit(
-            "reconcile_duration",
-            "Duration of one reconcile",
-            prometheus_client::registry::Unit::Seconds,
-            m.reconcile_duration.clone(),
-        );
-        reg.register(
-            "rebalances",
-            "New plans written, by policy",
-            m.rebalances.clone(),
-        );
-        reg.register_with_unit(
-            "plan_propagation",
-            "Time from writing a plan until every rank reports using it",
-            prometheus_client::registry::Unit::Seconds,
-            m.plan_propagation.clone(),
-        );
-        reg.register(
-            "scrape_failures",
-            "Rank metrics that could not be read",
-            m.scrape_failures.clone(),
-        );
-        reg.register(
-            "leader",
-            "1 while this replica holds the leader Lease",
-            m.leader.clone(),
-        );
+        let seconds = || Some(Unit::Seconds);
         Metrics {
+            reconciles: add(
+                reg,
+                "reconciles",
+                "Reconciles run",
+                None,
+                Counter::default(),
+            ),
+            errors: add(
+                reg,
+                "reconcile_errors",
+                "Reconcile errors by reason",
+                None,
+                Family::default(),
+            ),
+            reconcile_duration: add(
+                reg,
+                "reconcile_duration",
+                "Duration of one reconcile",
+                seconds(),
+                Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            ),
+            rebalances: add(
+                reg,
+                "rebalances",
+                "New plans written, by policy",
+                None,
+                Family::default(),
+            ),
+            plan_propagation: add(
+                reg,
+                "plan_propagation",
+                "Time from writing a plan until every rank reports using it",
+                seconds(),
+                Histogram::new(exponential_buckets(0.1, 2.0, 12)),
+            ),
+            scrape_failures: add(
+                reg,
+                "scrape_failures",
+                "Rank metrics that could not be read",
+                None,
+                Counter::default(),
+            ),
+            leader: add(
+                reg,
+                "leader",
+                "1 while this replica holds the leader Lease",
+                None,
+                Gauge::default(),
+            ),
             registry: Arc::new(Mutex::new(root)),
-            ..m
         }
     }
 
@@ -122,6 +128,22 @@ impl Metrics {
             })
             .inc();
     }
+}
+
+/// Register a clone of `metric` as `name` (in `unit`, when it has one) and
+/// hand the metric back.
+fn add<M: Metric + Clone>(
+    reg: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    metric: M,
+) -> M {
+    match unit {
+        Some(unit) => reg.register_with_unit(name, help, unit, metric.clone()),
+        None => reg.register(name, help, metric.clone()),
+    }
+    metric
 }
 
 /// Observes the reconcile duration when dropped.

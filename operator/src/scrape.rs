@@ -12,6 +12,7 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use crate::error::{Error, Result};
 
@@ -319,16 +320,16 @@ pub fn parse_prometheus_vector(text: &str) -> Result<Vec<Series>, String> {
         .collect())
 }
 
+/// RFC 3986's unreserved characters: what a query parameter value keeps as is.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// Percent-encode a query parameter value (RFC 3986 unreserved kept).
 pub fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 #[cfg(test)]

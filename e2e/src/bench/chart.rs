@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
 use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -61,11 +62,38 @@ pub fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e}")
 }
 
+/// A W×H bitmap image, drawn into its file by `present`.
+pub type Canvas<'b> = DrawingArea<BitMapBackend<'b>, Shift>;
+
+/// A chart with numeric x and y axes on a [`Canvas`].
+pub type Plot<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A white W×H canvas for `path`.
+pub fn canvas(path: &Path) -> Result<Canvas<'_>> {
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
+/// A chart on `root` captioned `title`, x from 0 to `x_max`, y from 0 to `y_max`.
+pub fn axes<'a, 'b>(
+    root: &'a Canvas<'b>,
+    title: impl AsRef<str>,
+    x_max: f64,
+    y_max: f64,
+) -> Result<Plot<'a, 'b>> {
+    ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(err)
+}
+
 /// The legend box, at `pos`.
-pub fn legend<'a, 'b: 'a>(
-    chart: &mut ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-    pos: SeriesLabelPosition,
-) -> Result<()> {
+pub fn legend<'a, 'b: 'a>(chart: &mut Plot<'a, 'b>, pos: SeriesLabelPosition) -> Result<()> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
@@ -130,15 +158,8 @@ pub fn line_chart(path: &Path, c: &LineChart) -> Result<()> {
     if c.series.iter().all(|s| s.1.is_empty()) {
         bail!("{}: nothing to plot", c.title);
     }
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&c.title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(err)?;
+    let root = canvas(path)?;
+    let mut chart = axes(&root, &c.title, x_max, y_max)?;
     chart
         .configure_mesh()
         .x_desc(c.x_label)
@@ -221,15 +242,8 @@ pub fn stacked_bars(path: &Path, c: &StackedBars) -> Result<()> {
         .max(1e-6)
         * 1.25;
     let n = c.bars.len();
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&c.title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
-        .map_err(err)?;
+    let root = canvas(path)?;
+    let mut chart = axes(&root, &c.title, n as f64, y_max)?;
     let names: Vec<&str> = c.bars.iter().map(|b| b.0.as_str()).collect();
     chart
         .configure_mesh()

@@ -285,6 +285,20 @@ pub struct ScalePoint {
     pub seconds_to_running: f64,
 }
 
+impl ScalePoint {
+    /// Reconcile latency quantiles in milliseconds: p50 and p99 holding the
+    /// jobs, then p50 and p99 while creating them.
+    pub fn latencies_ms(&self) -> [Option<f64>; 4] {
+        [
+            self.reconcile_p50_seconds,
+            self.reconcile_p99_seconds,
+            self.burst_p50_seconds,
+            self.burst_p99_seconds,
+        ]
+        .map(|v| v.map(|s| s * 1000.0))
+    }
+}
+
 /// A target from the issue and whether this run met it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TargetCheck {

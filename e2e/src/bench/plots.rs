@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use plotters::prelude::*;
 
 use super::chart::{
-    category_label, err, init_font, legend, line_chart, palette, stacked_bars, LineChart,
-    StackedBars, H, W,
+    axes, canvas, category_label, err, init_font, legend, line_chart, palette, stacked_bars,
+    LineChart, StackedBars,
 };
 use super::{Results, RunResult};
 
@@ -37,19 +37,14 @@ pub fn throughput_chart(path: &Path, model: &str, runs: &[&RunResult]) -> Result
         })
         .fold(0.0f64, f64::max)
         * 1.15;
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path)?;
     let n = scenarios.len() as f64;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{model}: steady-state samples/s (dashed: ideal seq, black; ideal conc, red)"),
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..n, 0.0..y_max.max(1.0))
-        .map_err(err)?;
+    let mut chart = axes(
+        &root,
+        format!("{model}: steady-state samples/s (dashed: ideal seq, black; ideal conc, red)"),
+        n,
+        y_max.max(1.0),
+    )?;
     let names = scenarios.clone();
     chart
         .configure_mesh()

@@ -137,6 +137,17 @@ fn table_head(s: &mut String, title: &str, intro: &str, header: &str, align: &st
     let _ = writeln!(s, "{align}");
 }
 
+/// What names a cluster run in the tables: model, scenario, policy and
+/// round (counted from 1).
+fn run_key(x: &RunResult) -> [String; 4] {
+    [
+        x.model.clone(),
+        x.scenario.clone(),
+        x.policy.clone(),
+        (x.round + 1).to_string(),
+    ]
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "-".into())
@@ -172,11 +183,8 @@ pub fn markdown(r: &Results) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {:.1}% | {:?} | {} | {} |",
-            x.model,
-            x.scenario,
-            x.policy,
-            x.round + 1,
+            "| {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {:.1}% | {:?} | {} | {} |",
+            run_key(x).join(" | "),
             x.summary.samples_per_second,
             x.ideal,
             opt(x.ideal_concurrent, 0),
@@ -286,18 +294,14 @@ pub fn markdown(r: &Results) -> String {
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         );
         for p in &r.scale {
-            let ms = |v: Option<f64>| opt(v.map(|x| x * 1000.0), 0) + " ms";
+            let [p50, p99, burst_p50, burst_p99] = p.latencies_ms().map(|v| opt(v, 0) + " ms");
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} MiB | {:.0} s |",
+                "| {} | {} | {} | {p50} | {p99} | {} | {burst_p50} | {burst_p99} | {} MiB | {:.0} s |",
                 p.jobs,
                 p.pods,
                 p.reconciles,
-                ms(p.reconcile_p50_seconds),
-                ms(p.reconcile_p99_seconds),
                 p.burst_reconciles,
-                ms(p.burst_p50_seconds),
-                ms(p.burst_p99_seconds),
                 opt(p.rss_mib, 1),
                 p.seconds_to_running
             );
@@ -329,11 +333,8 @@ pub fn csv(r: &Results) -> String {
         let plan: Vec<String> = x.summary.final_plan.iter().map(|b| b.to_string()).collect();
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.3},{:.3},{:.4},{},{},{},{},{},{:.3},{},{},{},{:.1}",
-            x.model,
-            x.scenario,
-            x.policy,
-            x.round + 1,
+            "{},{:.3},{:.3},{:.4},{},{},{},{},{},{:.3},{},{},{},{:.1}",
+            run_key(x).join(","),
             x.summary.samples_per_second,
             x.ideal,
             x.efficiency,

@@ -143,23 +143,20 @@ pub fn histogram_count(buckets: &BTreeMap<u64, f64>) -> f64 {
 
 /// Resident set size of `pid`, MiB.
 pub fn rss_mib(pid: u32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    proc_mib(&format!("/proc/{pid}/status"), "VmRSS:")
 }
 
 /// `MemAvailable` of this machine, MiB.
 fn mem_available_mib() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    proc_mib("/proc/meminfo", "MemAvailable:")
+}
+
+/// The `<field> <n> kB` line of a /proc file, in MiB.
+fn proc_mib(path: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
     let kb: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()
@@ -323,15 +320,11 @@ async fn grow(
             rss_mib: system.operator_pid().and_then(rss_mib),
             seconds_to_running: to_running,
         };
-        let ms = |v: Option<f64>| v.unwrap_or(f64::NAN) * 1000.0;
+        let [p50, p99, burst_p50, burst_p99] = p.latencies_ms().map(|v| v.unwrap_or(f64::NAN));
         say(&format!(
-            "    {n} jobs: steady {} reconciles, p50 {:.1} ms, p99 {:.1} ms; while creating {} reconciles, p50 {:.1} ms, p99 {:.1} ms; RSS {:.1} MiB",
+            "    {n} jobs: steady {} reconciles, p50 {p50:.1} ms, p99 {p99:.1} ms; while creating {} reconciles, p50 {burst_p50:.1} ms, p99 {burst_p99:.1} ms; RSS {:.1} MiB",
             p.reconciles,
-            ms(p.reconcile_p50_seconds),
-            ms(p.reconcile_p99_seconds),
             p.burst_reconciles,
-            ms(p.burst_p50_seconds),
-            ms(p.burst_p99_seconds),
             p.rss_mib.unwrap_or(f64::NAN)
         ));
         points.push(p);

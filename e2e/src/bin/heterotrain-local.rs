@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use heterotrain_e2e::cache_dir;
 
 #[derive(Parser)]
@@ -40,17 +40,8 @@ enum Cmd {
         /// Seconds to wait for the control plane to become ready.
         #[arg(long, default_value_t = 180)]
         timeout: u64,
-        /// Simulated nodes to register and run pods on (YAML, see
-        /// e2e/nodes/*.yaml); without it the cluster has no nodes.
-        #[arg(long)]
-        nodes: Option<PathBuf>,
-        /// Also install the HeteroTrainingJob CRD and run `heterotrain-operator`
-        /// (under a ServiceAccount with its documented RBAC rules only).
-        #[arg(long)]
-        operator: bool,
-        /// Extra flags for the operator, e.g. `--operator-arg=--rebalance-interval=5`.
-        #[arg(long = "operator-arg", allow_hyphen_values = true)]
-        operator_args: Vec<String>,
+        #[command(flatten)]
+        stack: Stack,
     },
     /// Stop the control plane and every process it started.
     Down,
@@ -69,13 +60,25 @@ enum Cmd {
     /// Run the control plane in the foreground until SIGTERM/SIGINT (what `up` starts).
     #[command(hide = true)]
     Serve {
-        #[arg(long)]
-        nodes: Option<PathBuf>,
-        #[arg(long)]
-        operator: bool,
-        #[arg(long = "operator-arg", allow_hyphen_values = true)]
-        operator_args: Vec<String>,
+        #[command(flatten)]
+        stack: Stack,
     },
+}
+
+/// What runs beside the control plane (`up` hands it on to `serve`).
+#[derive(Args)]
+struct Stack {
+    /// Simulated nodes to register and run pods on (YAML, see
+    /// e2e/nodes/*.yaml); without it the cluster has no nodes.
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Also install the HeteroTrainingJob CRD and run `heterotrain-operator`
+    /// (under a ServiceAccount with its documented RBAC rules only).
+    #[arg(long)]
+    operator: bool,
+    /// Extra flags for the operator, e.g. `--operator-arg=--rebalance-interval=5`.
+    #[arg(long = "operator-arg", allow_hyphen_values = true)]
+    operator_args: Vec<String>,
 }
 
 fn state_dir(name: &str) -> PathBuf {
@@ -103,14 +106,8 @@ fn print_env(dir: &std::path::Path) {
     println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
 }
 
-fn up(
-    name: &str,
-    timeout: u64,
-    nodes: Option<PathBuf>,
-    operator: bool,
-    operator_args: &[String],
-) -> Result<()> {
-    if let Some(n) = &nodes {
+fn up(name: &str, timeout: u64, stack: &Stack) -> Result<()> {
+    if let Some(n) = &stack.nodes {
         // Fail fast, before starting anything, on a bad nodes file.
         heterotrain_e2e::nodesim::NodesFile::load(n)?;
     }
@@ -128,13 +125,13 @@ fn up(
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["--name", name, "serve"]);
-    if let Some(n) = &nodes {
+    if let Some(n) = &stack.nodes {
         cmd.arg("--nodes").arg(std::fs::canonicalize(n)?);
     }
-    if operator {
+    if stack.operator {
         cmd.arg("--operator");
     }
-    for a in operator_args {
+    for a in &stack.operator_args {
         cmd.arg(format!("--operator-arg={a}"));
     }
     cmd.stdin(std::process::Stdio::null())
@@ -254,12 +251,12 @@ async fn status(name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn serve(
-    name: &str,
-    nodes: Option<PathBuf>,
-    operator: bool,
-    operator_args: Vec<String>,
-) -> Result<()> {
+async fn serve(name: &str, stack: Stack) -> Result<()> {
+    let Stack {
+        nodes,
+        operator,
+        operator_args,
+    } = stack;
     let dir = state_dir(name);
     std::fs::write(dir.join("supervisor.pid"), std::process::id().to_string())?;
     let nodes = match &nodes {
@@ -303,12 +300,7 @@ async fn serve(
 async fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up {
-            timeout,
-            nodes,
-            operator,
-            operator_args,
-        } => up(&cli.name, timeout, nodes, operator, &operator_args),
+        Cmd::Up { timeout, stack } => up(&cli.name, timeout, &stack),
         Cmd::Down => down(&cli.name),
         Cmd::Status => status(&cli.name).await,
         Cmd::Env => {
@@ -323,11 +315,7 @@ async fn main() {
                 ))
             }
         }
-        Cmd::Serve {
-            nodes,
-            operator,
-            operator_args,
-        } => serve(&cli.name, nodes, operator, operator_args).await,
+        Cmd::Serve { stack } => serve(&cli.name, stack).await,
         Cmd::Logs { pod, namespace } => {
             let path = heterotrain_e2e::nodesim::log_path(&state_dir(&cli.name), &namespace, &pod);
             match std::fs::read_to_string(&path) {

@@ -6,11 +6,15 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod container;
 pub mod env;
 pub mod hosts;
 pub mod mounts;
 pub mod node;
 pub mod pod;
+pub mod status;
+pub mod targets;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -19,10 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::Client;
 
 pub use config::{NodeConfig, NodesFile};
@@ -39,9 +41,8 @@ pub struct Ctx {
     next_ip: AtomicU32,
     ip_prefix: u8,
     pub running: Mutex<HashMap<String, Arc<pod::RunningPod>>>,
-    /// Prometheus file-SD output, when enabled.
-    targets_file: Mutex<Option<PathBuf>>,
-    targets: Mutex<BTreeMap<String, serde_json::Value>>,
+    /// Prometheus file-SD output of the running pods' metrics ports.
+    pub targets: targets::Targets,
     /// Speeds changed at run time ([`NodeSimulator::set_speed`]).
     speeds: Mutex<HashMap<String, f64>>,
 }
@@ -66,64 +67,6 @@ impl Ctx {
     /// A kubeconfig for `token` against this cluster.
     pub fn kubeconfig_for_token(&self, token: &str) -> String {
         (self.kubeconfig_template)(token)
-    }
-
-    /// Record the metrics target of a started pod (its container port named
-    /// `metrics`), with the labels the chart's PodMonitor gives trainer targets.
-    pub fn add_target(&self, pod: &Pod, ip: &str) {
-        let port = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.ports.as_ref())
-            .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some("metrics")))
-            .map(|p| p.container_port);
-        let Some(port) = port else { return };
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let l = |k: &str| labels.get(k).cloned().unwrap_or_default();
-        use heterotrain_crds::metrics::labels as L;
-        let target = serde_json::json!({
-            "targets": [format!("{ip}:{port}")],
-            "labels": {
-                "namespace": pod.metadata.namespace.clone().unwrap_or_default(),
-                "pod": pod.metadata.name.clone().unwrap_or_default(),
-                "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
-                "job_name": l(L::JOB),
-                "rank": l(L::RANK),
-                "group": l(L::GROUP),
-            }
-        });
-        if let Ok(mut t) = self.targets.lock() {
-            t.insert(pod.metadata.uid.clone().unwrap_or_default(), target);
-        }
-        self.write_targets();
-    }
-
-    /// Forget a pod's metrics target.
-    pub fn remove_target(&self, uid: &str) {
-        let removed = self
-            .targets
-            .lock()
-            .map(|mut t| t.remove(uid).is_some())
-            .unwrap_or(false);
-        if removed {
-            self.write_targets();
-        }
-    }
-
-    fn write_targets(&self) {
-        let Some(path) = self.targets_file.lock().ok().and_then(|p| p.clone()) else {
-            return;
-        };
-        let all: Vec<_> = self
-            .targets
-            .lock()
-            .map(|t| t.values().cloned().collect())
-            .unwrap_or_default();
-        let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, serde_json::to_vec_pretty(&all).unwrap_or_default()).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
     }
 
     /// Where a pod's stdout/stderr go.
@@ -176,8 +119,7 @@ impl NodeSimulator {
             next_ip: AtomicU32::new(2),
             ip_prefix: next_ip_prefix(),
             running: Mutex::new(HashMap::new()),
-            targets_file: Mutex::new(None),
-            targets: Mutex::new(BTreeMap::new()),
+            targets: targets::Targets::default(),
             speeds: Mutex::new(HashMap::new()),
         });
         for n in ctx.nodes.values() {
@@ -196,7 +138,7 @@ impl NodeSimulator {
             }
         }));
         let w = ctx.clone();
-        tasks.push(tokio::spawn(async move { watch_pods(w).await }));
+        tasks.push(tokio::spawn(async move { watch::watch_pods(w).await }));
         Ok(NodeSimulator {
             ctx,
             tasks,
@@ -207,10 +149,7 @@ impl NodeSimulator {
     /// Keep a Prometheus file-SD target list of running pods' `metrics`
     /// ports at `path` (see [`crate::prometheus`]).
     pub fn export_prometheus_targets(&self, path: &Path) {
-        if let Ok(mut p) = self.ctx.targets_file.lock() {
-            *p = Some(path.to_path_buf());
-        }
-        self.ctx.write_targets();
+        self.ctx.targets.export_to(path);
     }
 
     /// Send `signal` to the process group of pod `ns/name` (e.g. SIGKILL to
@@ -338,91 +277,4 @@ fn rand_suffix() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     (h.finish() & 0xffff) as u32
-}
-
-async fn watch_pods(ctx: Arc<Ctx>) {
-    let api: Api<Pod> = Api::all(ctx.client.clone());
-    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => on_pod(&ctx, p),
-            Ok(Event::Delete(p)) => on_pod_gone(&ctx, &p),
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("nodesim: pod watch error (retrying): {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
-fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
-    let node = p
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
-    if !ctx.nodes.contains_key(&node) {
-        return;
-    }
-    let uid = p.metadata.uid.clone().unwrap_or_default();
-    let existing = ctx.running.lock().ok().and_then(|m| m.get(&uid).cloned());
-    let deleting = p.metadata.deletion_timestamp.is_some();
-    match existing {
-        Some(running) => {
-            if deleting {
-                let grace = p
-                    .metadata
-                    .deletion_grace_period_seconds
-                    .or_else(|| {
-                        p.spec
-                            .as_ref()
-                            .and_then(|s| s.termination_grace_period_seconds)
-                    })
-                    .unwrap_or(30)
-                    .max(0) as u64;
-                tokio::spawn(pod::terminate(running, Duration::from_secs(grace)));
-            }
-        }
-        None => {
-            let phase = p
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            let started = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .is_some_and(|c| !c.is_empty());
-            if deleting {
-                let ctx = ctx.clone();
-                tokio::spawn(async move { pod::finalize_delete(&ctx, &p).await });
-                return;
-            }
-            if phase == "Succeeded" || phase == "Failed" || started {
-                return;
-            }
-            let running = Arc::new(pod::RunningPod {
-                pid: Mutex::new(None),
-                terminating: AtomicBool::new(false),
-                node: node.clone(),
-                cgroup: Mutex::new(None),
-            });
-            if let Ok(mut m) = ctx.running.lock() {
-                m.insert(uid, running.clone());
-            }
-            tokio::spawn(pod::run(ctx.clone(), p, running));
-        }
-    }
-}
-
-fn on_pod_gone(ctx: &Arc<Ctx>, p: &Pod) {
-    let uid = p.metadata.uid.clone().unwrap_or_default();
-    if let Some(running) = ctx.running.lock().ok().and_then(|m| m.get(&uid).cloned()) {
-        running.terminating.store(true, Ordering::SeqCst);
-        if let Some(pid) = running.pid.lock().ok().and_then(|g| *g) {
-            crate::keeper::signal_group(pid, libc::SIGKILL);
-        }
-    }
 }

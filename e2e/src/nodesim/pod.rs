@@ -1,21 +1,9 @@
-//! Run the pods the scheduler binds to simulated nodes as local processes,
-//! and report their status like a kubelet.
-//!
-//! Image mapping: a container runs `command + args` on this machine. The
-//! executable `argv[0]` is looked up by its file name: `heterotrain-*`
-//! binaries come from `$HETEROTRAIN_BIN_DIR` (colon-separated), then the
-//! directory of the running `heterotrain-local`, then `$PATH`; other names
-//! from `$PATH`. A container without `command` runs its image's entrypoint,
-//! known for HeteroTrain's images only (`…/heterotrain-trainer:*` →
-//! `heterotrain-trainer`, `…/heterotrain-operator:*` → `heterotrain-operator`).
-//!
-//! Simulated GPUs are CPU shares: a container that requests `nvidia.com/gpu`
-//! has `--device cuda` rewritten to `--device cpu` and `--backend nccl` to
-//! `--backend gloo` in its arguments, and gets `HETEROTRAIN_SIMULATED_GPU`
-//! set to the node's GPU product.
+//! Run the pods the scheduler binds to simulated nodes as local processes
+//! (what runs: [`super::container`]), and report their status like a
+//! kubelet ([`super::status`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,13 +11,14 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use super::cgroup::{join_from_child, Cgroup};
 use super::config::parse_cpu;
-use super::Ctx;
+use super::container::{argv, cpu_limit, find_program, simulate_gpu_args, wants_gpu};
+use super::{status, Ctx};
 use crate::keeper::{signal_group, spawn_tied};
 
 /// A pod whose process runs.
@@ -46,96 +35,6 @@ pub struct RunningPod {
 
 fn now() -> String {
     super::node::rfc3339_now()
-}
-
-/// The executable for `argv[0]` (see the module docs).
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let p = Path::new(name);
-    if p.is_absolute() && p.exists() {
-        return Some(p.to_path_buf());
-    }
-    let base = p.file_name()?.to_str()?;
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if base.starts_with("heterotrain-") {
-        if let Some(v) = std::env::var_os("HETEROTRAIN_BIN_DIR") {
-            dirs.extend(std::env::split_paths(&v));
-        }
-        if let Some(d) = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(Path::to_path_buf))
-        {
-            dirs.push(d.clone());
-            // Test binaries live in target/<profile>/deps; binaries one level up.
-            if let Some(up) = d.parent() {
-                dirs.push(up.to_path_buf());
-            }
-        }
-    }
-    if let Some(v) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&v));
-    }
-    dirs.into_iter().map(|d| d.join(base)).find(|c| c.is_file())
-}
-
-/// `argv` of a container (command + args, or the image's known entrypoint).
-pub fn argv(container: &Container) -> Result<Vec<String>> {
-    let mut argv = container.command.clone().unwrap_or_default();
-    if argv.is_empty() {
-        let image = container.image.clone().unwrap_or_default();
-        let repo = image
-            .rsplit('/')
-            .next()
-            .unwrap_or("")
-            .split([':', '@'])
-            .next()
-            .unwrap_or("");
-        match repo {
-            "heterotrain-trainer" | "heterotrain-operator" => argv.push(repo.to_string()),
-            _ => bail!("image {image:?} has no known entrypoint on simulated nodes; give the container a command"),
-        }
-    }
-    argv.extend(container.args.clone().unwrap_or_default());
-    Ok(argv)
-}
-
-/// Whether the container asks for a GPU.
-fn wants_gpu(container: &Container) -> bool {
-    let r = container.resources.as_ref();
-    [
-        r.and_then(|r| r.limits.as_ref()),
-        r.and_then(|r| r.requests.as_ref()),
-    ]
-    .into_iter()
-    .flatten()
-    .any(|m| m.get("nvidia.com/gpu").is_some_and(|q| q.0 != "0"))
-}
-
-/// Rewrite GPU-only arguments for a simulated GPU (see the module docs).
-pub fn simulate_gpu_args(argv: &mut [String]) {
-    for i in 1..argv.len() {
-        let prev = argv[i - 1].clone();
-        let v = &mut argv[i];
-        if prev == "--device" && v == "cuda" {
-            *v = "cpu".into();
-        } else if prev == "--backend" && v == "nccl" {
-            *v = "gloo".into();
-        } else if v == "--device=cuda" {
-            *v = "--device=cpu".into();
-        } else if v == "--backend=nccl" {
-            *v = "--backend=gloo".into();
-        }
-    }
-}
-
-/// CPU cores the container may use before the node's speed is applied.
-fn cpu_limit(container: &Container, node_cpu: f64) -> f64 {
-    container
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|l| l.get("cpu"))
-        .and_then(|q| parse_cpu(&q.0))
-        .unwrap_or(node_cpu)
 }
 
 /// DNS names of a pod with hostname + subdomain.
@@ -157,40 +56,6 @@ pub fn dns_names(pod: &Pod) -> Vec<String> {
         ],
         _ => Vec::new(),
     }
-}
-
-/// Patch the pod's status like a kubelet: retried (the API server may be
-/// restarting) until it lands, the pod is gone, or 5 minutes passed.
-async fn patch_status(ctx: &Ctx, pod: &Pod, status: serde_json::Value) -> Result<()> {
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let body = json!({ "status": status });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&body))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                eprintln!("nodesim: updating status of pod {ns}/{name} (retrying): {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => return Err(e).with_context(|| format!("updating status of pod {ns}/{name}")),
-        }
-    }
-}
-
-fn conditions(ready: bool, at: &str) -> serde_json::Value {
-    let s = if ready { "True" } else { "False" };
-    json!([
-        {"type": "Initialized", "status": "True", "lastTransitionTime": at},
-        {"type": "Ready", "status": s, "lastTransitionTime": at},
-        {"type": "ContainersReady", "status": s, "lastTransitionTime": at},
-        {"type": "PodScheduled", "status": "True", "lastTransitionTime": at},
-    ])
 }
 
 /// A token of the pod's ServiceAccount (TokenRequest), so the process's API
@@ -231,16 +96,10 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
     if let Err(e) = run_inner(&ctx, &pod, &running).await {
         eprintln!("nodesim: pod {name}: {e:#}");
         let at = now();
-        let _ = patch_status(
-            &ctx,
-            &pod,
-            json!({"phase": "Failed", "reason": "StartError", "message": format!("{e:#}"),
-                   "conditions": conditions(false, &at)}),
-        )
-        .await;
+        let _ = status::patch(&ctx, &pod, status::start_error(&format!("{e:#}"), &at)).await;
     }
     let _ = ctx.hosts.remove(&uid);
-    ctx.remove_target(&uid);
+    ctx.targets.remove(&uid);
     if running.terminating.load(Ordering::SeqCst) {
         finalize_delete(&ctx, &pod).await;
     }
@@ -267,16 +126,7 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .cloned()
         .ok_or_else(|| anyhow!("pod has no containers"))?;
     if !node.run_processes {
-        return patch_status(
-            ctx,
-            pod,
-            json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                   "startTime": at, "conditions": conditions(true, &at),
-                   "containerStatuses": [{"name": container.name, "ready": true, "restartCount": 0,
-                     "image": container.image.clone().unwrap_or_default(), "imageID": "", "started": true,
-                     "state": {"running": {"startedAt": at}}}]}),
-        )
-        .await;
+        return status::patch(ctx, pod, status::running(&ip, &at, &container, None)).await;
     }
     let mut argv = argv(&container)?;
     let gpu = wants_gpu(&container);
@@ -367,21 +217,10 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     if let Ok(mut p) = running.pid.lock() {
         *p = Some(pid);
     }
-    ctx.add_target(pod, &ip);
+    ctx.targets.add(pod, &ip);
     let started = now();
-    let image = container.image.clone().unwrap_or_default();
-    let cname = container.name.clone();
-    patch_status(
-        ctx,
-        pod,
-        json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-               "startTime": started, "conditions": conditions(true, &started),
-               "containerStatuses": [{"name": cname, "ready": true, "restartCount": 0, "image": image,
-                 "imageID": "", "containerID": format!("heterotrain-local://{pid}"), "started": true,
-                 "state": {"running": {"startedAt": started}}}]}),
-    )
-    .await
-    .ok();
+    let up = status::running(&ip, &started, &container, Some(pid));
+    status::patch(ctx, pod, up).await.ok();
     let code = loop {
         match child.try_wait() {
             Ok(Some(status)) => {
@@ -403,22 +242,8 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         return Ok(());
     }
     let finished = now();
-    let (phase, reason) = if code == 0 {
-        ("Succeeded", "Completed")
-    } else {
-        ("Failed", "Error")
-    };
-    patch_status(
-        ctx,
-        pod,
-        json!({"phase": phase, "conditions": conditions(false, &finished),
-               "containerStatuses": [{"name": container.name, "ready": false, "restartCount": 0,
-                 "image": container.image.clone().unwrap_or_default(), "imageID": "",
-                 "containerID": format!("heterotrain-local://{pid}"), "started": false,
-                 "state": {"terminated": {"exitCode": code, "reason": reason,
-                   "startedAt": started, "finishedAt": finished}}}]}),
-    )
-    .await
+    let end = status::terminated(&container, pid, code, &started, &finished);
+    status::patch(ctx, pod, end).await
 }
 
 /// SIGTERM the pod's processes, SIGKILL after the grace period.
@@ -458,40 +283,4 @@ pub async fn finalize_delete(ctx: &Ctx, pod: &Pod) {
 /// Environment summary for debugging.
 pub fn describe_env(env: &BTreeMap<String, String>) -> String {
     env.keys().cloned().collect::<Vec<_>>().join(",")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::simulate_gpu_args;
-
-    #[test]
-    fn gpu_args_become_cpu_args() {
-        let mut a: Vec<String> = [
-            "t",
-            "--device",
-            "cuda",
-            "--backend",
-            "nccl",
-            "--device=cuda",
-            "--lr",
-            "cuda",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        simulate_gpu_args(&mut a);
-        assert_eq!(
-            a,
-            [
-                "t",
-                "--device",
-                "cpu",
-                "--backend",
-                "gloo",
-                "--device=cpu",
-                "--lr",
-                "cuda"
-            ]
-        );
-    }
 }

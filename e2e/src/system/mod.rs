@@ -168,9 +168,10 @@ impl System {
                 return Ok(());
             }
         }
-        let bin = crate::nodesim::pod::find_program("heterotrain-operator").ok_or_else(|| {
-            anyhow!("heterotrain-operator binary not found (build the workspace)")
-        })?;
+        let bin =
+            crate::nodesim::container::find_program("heterotrain-operator").ok_or_else(|| {
+                anyhow!("heterotrain-operator binary not found (build the workspace)")
+            })?;
         let log_path = self.cluster.state_dir().join("logs").join("operator.log");
         let log = std::fs::OpenOptions::new()
             .create(true)

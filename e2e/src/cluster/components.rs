@@ -1,0 +1,204 @@
+//! The control plane's processes: each component's command line, started
+//! tied to this process with its output in `logs/<name>.log`, and watched
+//! and stopped by name.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::LocalCluster;
+use crate::keeper::{spawn_tied, stop_child};
+use crate::paths::find_binary;
+
+/// One started component process.
+pub(super) struct Component {
+    pub(super) name: &'static str,
+    pub(super) child: Child,
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("logs").join(format!("{name}.log")))
+        .with_context(|| format!("opening log for {name}"))
+}
+
+/// The last lines of a component's log, for error messages.
+pub(super) fn log_tail(dir: &Path, name: &str) -> String {
+    let text =
+        std::fs::read_to_string(dir.join("logs").join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+impl LocalCluster {
+    fn spawn(&self, name: &'static str, bin: &str, args: Vec<String>) -> Result<()> {
+        let path = find_binary(bin).ok_or_else(|| anyhow!("{bin} not found; run `make setup`"))?;
+        let log = log_file(&self.state_dir, name)?;
+        let mut cmd = Command::new(path);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = spawn_tied(cmd).with_context(|| format!("starting {bin}"))?;
+        self.components
+            .lock()
+            .map_err(|_| anyhow!("cluster state poisoned"))?
+            .push(Component { name, child });
+        Ok(())
+    }
+
+    pub(super) fn spawn_etcd(&self) -> Result<()> {
+        let p = self.ports;
+        let data = self.state_dir.join("etcd");
+        self.spawn(
+            "etcd",
+            "etcd",
+            vec![
+                "--name=heterotrain".into(),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{}", p.etcd_client),
+                format!("--advertise-client-urls=http://127.0.0.1:{}", p.etcd_client),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", p.etcd_peer),
+                format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
+                format!(
+                    "--initial-cluster=heterotrain=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
+                "--log-level=warn".into(),
+            ],
+        )
+    }
+
+    pub(super) fn spawn_apiserver(&self) -> Result<()> {
+        let p = self.ports;
+        let pki = self.state_dir.join("pki");
+        let f = |n: &str| pki.join(n).display().to_string();
+        self.spawn(
+            "kube-apiserver",
+            "kube-apiserver",
+            vec![
+                format!("--etcd-servers=http://127.0.0.1:{}", p.etcd_client),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={}", p.apiserver),
+                format!("--tls-cert-file={}", f("server.crt")),
+                format!("--tls-private-key-file={}", f("server.key")),
+                format!("--client-ca-file={}", f("ca.crt")),
+                format!("--token-auth-file={}", f("tokens.csv")),
+                "--authorization-mode=RBAC".into(),
+                format!("--service-account-key-file={}", f("sa.pub")),
+                format!("--service-account-signing-key-file={}", f("sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                "--api-audiences=https://kubernetes.default.svc.cluster.local".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--cert-dir={}", f("apiserver-certs")),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        )
+    }
+
+    pub(super) fn spawn_scheduler(&self) -> Result<()> {
+        let kc = self.kubeconfig_path().display().to_string();
+        self.spawn(
+            "kube-scheduler",
+            "kube-scheduler",
+            vec![
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", self.ports.scheduler),
+                "--port=0".into(),
+                "--leader-elect=false".into(),
+                format!(
+                    "--cert-dir={}",
+                    self.state_dir.join("pki/scheduler-certs").display()
+                ),
+                "--v=1".into(),
+            ],
+        )
+    }
+
+    pub(super) fn spawn_controller_manager(&self) -> Result<()> {
+        let kc = self.kubeconfig_path().display().to_string();
+        let pki = self.state_dir.join("pki");
+        self.spawn(
+            "kube-controller-manager",
+            "kube-controller-manager",
+            vec![
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", self.ports.controller_manager),
+                "--port=0".into(),
+                "--leader-elect=false".into(),
+                "--controllers=*,-nodelifecycle,-csrsigning,-nodeipam".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ),
+                format!("--root-ca-file={}", pki.join("ca.crt").display()),
+                format!("--cert-dir={}", pki.join("cm-certs").display()),
+                "--v=1".into(),
+            ],
+        )
+    }
+
+    /// An error if the component `name` has exited.
+    pub(super) fn component_alive(&self, name: &str) -> Result<()> {
+        if self.exited(name) {
+            bail!("{name} exited");
+        }
+        Ok(())
+    }
+
+    fn exited(&self, name: &str) -> bool {
+        let Ok(mut comps) = self.components.lock() else {
+            return true;
+        };
+        comps
+            .iter_mut()
+            .filter(|c| c.name == name)
+            .all(|c| matches!(c.child.try_wait(), Ok(Some(_))))
+    }
+
+    /// PIDs of the running components.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.components
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|c| (c.name.to_string(), c.child.id()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Stop the component `name` (SIGTERM, SIGKILL after 10 s).
+    pub(super) fn stop_component(&self, name: &str) {
+        if let Ok(mut comps) = self.components.lock() {
+            for c in comps.iter_mut().filter(|c| c.name == name) {
+                stop_child(&mut c.child, Duration::from_secs(10));
+            }
+            comps.retain(|c| c.name != name);
+        }
+    }
+
+    /// Stop every component, in reverse start order.
+    pub(super) fn stop_components(&self) {
+        if let Ok(mut comps) = self.components.lock() {
+            while let Some(mut c) = comps.pop() {
+                stop_child(&mut c.child, Duration::from_secs(10));
+            }
+        }
+    }
+}

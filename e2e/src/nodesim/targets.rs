@@ -1,0 +1,86 @@
+//! Prometheus file-SD output: the `metrics` port of every pod this
+//! simulator runs, with the labels the chart's PodMonitor gives trainer
+//! targets, rewritten to a file on each change once enabled (see
+//! [`crate::prometheus`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use heterotrain_crds::metrics::labels as L;
+use k8s_openapi::api::core::v1::Pod;
+
+/// The target list of one simulator, by pod UID.
+#[derive(Default)]
+pub struct Targets {
+    /// Where the list goes, when enabled.
+    file: Mutex<Option<PathBuf>>,
+    entries: Mutex<BTreeMap<String, serde_json::Value>>,
+}
+
+impl Targets {
+    /// Keep the list at `path` from now on (written at once).
+    pub fn export_to(&self, path: &Path) {
+        if let Ok(mut p) = self.file.lock() {
+            *p = Some(path.to_path_buf());
+        }
+        self.write();
+    }
+
+    /// Record the metrics target of a started pod (its container port named
+    /// `metrics`), with the labels the chart's PodMonitor gives trainer targets.
+    pub fn add(&self, pod: &Pod, ip: &str) {
+        let port = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.ports.as_ref())
+            .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some("metrics")))
+            .map(|p| p.container_port);
+        let Some(port) = port else { return };
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let l = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        let target = serde_json::json!({
+            "targets": [format!("{ip}:{port}")],
+            "labels": {
+                "namespace": pod.metadata.namespace.clone().unwrap_or_default(),
+                "pod": pod.metadata.name.clone().unwrap_or_default(),
+                "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+                "job_name": l(L::JOB),
+                "rank": l(L::RANK),
+                "group": l(L::GROUP),
+            }
+        });
+        if let Ok(mut t) = self.entries.lock() {
+            t.insert(pod.metadata.uid.clone().unwrap_or_default(), target);
+        }
+        self.write();
+    }
+
+    /// Forget a pod's metrics target.
+    pub fn remove(&self, uid: &str) {
+        let removed = self
+            .entries
+            .lock()
+            .map(|mut t| t.remove(uid).is_some())
+            .unwrap_or(false);
+        if removed {
+            self.write();
+        }
+    }
+
+    fn write(&self) {
+        let Some(path) = self.file.lock().ok().and_then(|p| p.clone()) else {
+            return;
+        };
+        let all: Vec<_> = self
+            .entries
+            .lock()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default();
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, serde_json::to_vec_pretty(&all).unwrap_or_default()).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! `kubectl heterotrain status`: the job, its groups, its ranks, the last
+//! decisions and its conditions.
+
+use std::fmt::Write as _;
+
+use heterotrain_crds::HeteroTrainingJob;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use super::{age, decisions, list, opt, rate};
+use crate::fetch::JobView;
+use crate::table::Table;
+
+fn phase(p: &Pod) -> String {
+    let st = p.status.as_ref();
+    if p.metadata.deletion_timestamp.is_some() {
+        return "Terminating".into();
+    }
+    st.and_then(|s| s.phase.clone())
+        .unwrap_or_else(|| "Pending".into())
+}
+
+/// Local batch of each rank: the plan ConfigMap, else the last rebalance,
+/// else the groups' batches.
+pub fn rank_batches(v: &JobView) -> Vec<Option<u32>> {
+    let world = v.job.spec.world_size() as usize;
+    if let Some(p) = &v.plan {
+        return p.batch_sizes.iter().copied().map(Some).collect();
+    }
+    let st = v.job.status.clone().unwrap_or_default();
+    if let Some(r) = st.last_rebalance.filter(|r| r.batch_sizes.len() == world) {
+        return r.batch_sizes.into_iter().map(Some).collect();
+    }
+    let flat: Vec<u32> = st
+        .groups
+        .iter()
+        .flat_map(|g| g.batch_sizes.clone())
+        .collect();
+    if flat.len() == world {
+        return flat.into_iter().map(Some).collect();
+    }
+    vec![None; world]
+}
+
+fn policy(job: &HeteroTrainingJob) -> &'static str {
+    job.spec.load_balancing.policy.as_str()
+}
+
+/// `kubectl heterotrain status`: the seeds' "Load Balancer Status" box.
+pub fn status(v: &JobView, now: Timestamp) -> String {
+    let job = &v.job;
+    let st = job.status.clone().unwrap_or_default();
+    let ns = job.metadata.namespace.clone().unwrap_or_default();
+    let mut out = String::new();
+    let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let _ = writeln!(
+        out,
+        "Job:             {} (namespace {ns}, age {})",
+        v.name(),
+        age(created, now)
+    );
+    let _ = writeln!(
+        out,
+        "Phase:           {}   restarts {}",
+        st.phase.clone().unwrap_or_else(|| "Pending".into()),
+        st.restarts
+    );
+    let done = st.progress.as_ref().map_or(String::new(), |p| {
+        format!(
+            " of {} ({}%, ETA {})",
+            p.total_steps,
+            p.percent,
+            p.eta.as_deref().unwrap_or("unknown")
+        )
+    });
+    let _ = writeln!(
+        out,
+        "Progress:        step {}{done}   epoch {}",
+        st.step, st.epoch
+    );
+    let _ = writeln!(
+        out,
+        "Ranks:           {} in {} group(s)",
+        job.spec.world_size(),
+        job.spec.workers.len()
+    );
+    if !st.left_out_ranks.is_empty() {
+        let _ = writeln!(
+            out,
+            "Left out:        ranks {} (no samples under this plan; re-admitted to be measured)",
+            list(&st.left_out_ranks)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Throughput:      {} samples/s",
+        rate(st.cluster_samples_per_second)
+    );
+    let _ = writeln!(out, "Policy:          {}", policy(job));
+    match &v.plan {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "Plan:            generation {}   global batch {}   batches {}",
+                p.generation,
+                p.global_batch_size,
+                list(&p.batch_sizes)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "Plan:            generation {}   ({})",
+                st.plan_generation,
+                v.plan_error.clone().unwrap_or_default()
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "Balance:         {}",
+        st.balance.as_ref().map_or_else(
+            || "-".to_string(),
+            |b| format!("CV {:.1} %  {}", b.cv_percent, b.class)
+        )
+    );
+    let _ = writeln!(
+        out,
+        "Last rebalance:  {}",
+        st.last_rebalance.as_ref().map_or_else(
+            || "none".to_string(),
+            |r| format!(
+                "generation {} {} ago, predicted gain {:.1} %: {}",
+                r.generation,
+                age(r.time.as_ref().map(|t| t.0), now),
+                r.predicted_gain_percent,
+                r.reason
+            )
+        )
+    );
+
+    let mut groups = Table::new(&["GROUP", "DEVICE", "READY", "BATCHES", "SAMPLES/S"]);
+    for (i, g) in job.spec.workers.iter().enumerate() {
+        let gs = st
+            .groups
+            .iter()
+            .find(|s| s.name == g.name)
+            .or(st.groups.get(i));
+        let device = match g.device {
+            heterotrain_crds::Device::Cpu => "cpu",
+            heterotrain_crds::Device::Cuda => "cuda",
+        };
+        groups.row(vec![
+            g.name.clone(),
+            device.into(),
+            format!("{}/{}", gs.map_or(0, |s| s.ready), g.replicas),
+            gs.map_or_else(|| "-".into(), |s| list(&s.batch_sizes)),
+            rate(gs.and_then(|s| s.samples_per_second)),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&groups.render());
+
+    let batches = rank_batches(v);
+    let mut ranks = Table::new(&["RANK", "GROUP", "POD", "NODE", "PHASE", "BATCH"]);
+    for (rank, (gi, _)) in job.spec.rank_layout().into_iter().enumerate() {
+        let rank = rank as u32;
+        let pod = v.pod_of(rank);
+        ranks.row(vec![
+            rank.to_string(),
+            job.spec.workers[gi].name.clone(),
+            pod.and_then(|p| p.metadata.name.clone())
+                .unwrap_or_else(|| "-".into()),
+            opt(pod.and_then(|p| p.spec.as_ref()?.node_name.clone())),
+            pod.map_or_else(|| "-".into(), phase),
+            opt(batches.get(rank as usize).copied().flatten()),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&ranks.render());
+
+    if !v.rebalances.is_empty() {
+        out.push_str("\nLast decisions:\n");
+        out.push_str(&decisions(v, now, 5));
+    }
+    if !st.conditions.is_empty() {
+        let mut c = Table::new(&["CONDITION", "STATUS", "REASON", "MESSAGE"]);
+        for cond in &st.conditions {
+            c.row(vec![
+                cond.type_.clone(),
+                cond.status.clone(),
+                cond.reason.clone(),
+                cond.message.clone(),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&c.render());
+    }
+    out
+}
