@@ -157,7 +157,7 @@ impl Balancer {
     /// compute plus its exposed communication, the whole synchronous step
     /// as it saw it (an average over several steps is one sample). The
     /// live policies compare these between memberships to leave out a rank
-    /// whose cost the compute models do not show ([`crate::measured`]).
+    /// whose cost the compute models do not show (leave-out trials).
     /// Counted only when `batch` is the rank's batch in the plan decided
     /// last (a sample of another plan is ignored); errors when `seconds` is
     /// not finite and > 0 or `batch` is 0.
