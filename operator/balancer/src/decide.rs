@@ -184,7 +184,10 @@ impl Balancer {
         }
         let quiet = !review.settled && self.measured.trial.is_none() && self.measured.cooldown == 0;
         let no_new_out = choice.left_out.iter().all(|r| current_out.contains(r));
-        let no_open = self.ranks.iter().all(|r| r.trial_samples.is_none());
+        // No trial while a re-admitted rank's measurement is open (a stale
+        // one's may never close: it does not block).
+        let no_open = (0..n)
+            .all(|r| !subset::on_open_trial(&self.ranks[r], &cfg) || out.stale_ranks.contains(&r));
         if let (Some(w), true) = (measured, quiet && no_new_out && no_open) {
             let (mut lo, mut hi) = (lower.clone(), upper.clone());
             for &r in &current_out {

@@ -226,3 +226,47 @@ fn step_times_of_another_plan_are_ignored() {
     assert!(bal.observe_step_time(0, 4, f64::NAN).is_err());
     assert!(bal.observe_step_time(9, 4, 0.1).is_err());
 }
+
+mod props {
+    use super::common::{config, feed_measured, m, profiled};
+    use heterotrain_balancer::{BalancerConfig, Policy};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the ranks and whatever they cost beyond compute, every
+        /// plan sums to B, rank 0 trains, left-out ranks get 0, and no
+        /// trial runs beside another.
+        #[test]
+        fn plans_keep_the_contract_under_measured_trials(
+            ranks in prop::collection::vec((0.0..0.05f64, 0.0005..0.02f64, 0.0..0.5f64), 2..6),
+            global in 8u32..200,
+            readmit in 1u32..4,
+            hybrid in any::<bool>(),
+        ) {
+            let truth: Vec<_> = ranks.iter().map(|&(a, c, _)| m(a, c)).collect();
+            let extra: Vec<f64> = ranks.iter().map(|r| r.2).collect();
+            let n = truth.len() as u32;
+            prop_assume!(global >= n);
+            let policy = if hybrid { Policy::Hybrid } else { Policy::Dynamic };
+            let cfg = BalancerConfig { readmit_after_decisions: readmit, ..config(policy, global) };
+            let mut bal = profiled(cfg, &truth);
+            let exchange = |p: &[u32]| {
+                p.iter().zip(&extra).filter(|(&b, _)| b > 0).map(|(_, &e)| e).fold(0.0, f64::max)
+            };
+            let mut plan = vec![global / n; truth.len()];
+            plan[0] += global % n;
+            for _ in 0..25 {
+                feed_measured(&mut bal, &plan, &truth, 5, &exchange);
+                let d = bal.decide(&plan).expect("decide");
+                plan = d.batches_or(&plan).to_vec();
+                prop_assert_eq!(plan.iter().sum::<u32>(), global);
+                prop_assert!(plan[0] >= 1);
+                let zeros: Vec<usize> = (0..plan.len()).filter(|&r| plan[r] == 0).collect();
+                prop_assert_eq!(&d.left_out, &zeros);
+                prop_assert!(d.reason.matches("leave-out trial: rank").count() <= 1, "{}", d.reason);
+            }
+        }
+    }
+}
