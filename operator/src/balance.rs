@@ -59,6 +59,9 @@ pub struct Round {
     /// Why (also when keeping).
     pub reason: String,
     pub gain_percent: f64,
+    /// Wall-clock step measured over the interval that ran the current plan
+    /// (seconds; 0 when not measured).
+    pub measured_step_seconds: f64,
 }
 
 /// A split from start-up profiles alone (proportional policy), e.g. for
@@ -94,8 +97,17 @@ pub struct JobBalancer {
     last_counters: Vec<Option<(f64, f64)>>,
     /// (steps, communication seconds) counters at the last sample.
     last_communication: Vec<Option<(f64, f64)>>,
+    /// (plan generation, steps, compute + communication seconds) counters
+    /// at the last sample: whole step times, within one generation.
+    last_step_time: Vec<Option<StepCounters>>,
+    /// The generation the ranks should run after the last decision (the
+    /// new plan's, else the current one's); `None` before any decision.
+    expected_generation: Option<u64>,
     profile_plan_done: bool,
 }
+
+/// A rank's plan generation, steps and compute + communication seconds.
+type StepCounters = (Option<u64>, f64, f64);
 
 impl JobBalancer {
     /// A balancer for the job's policy and world size.
@@ -109,6 +121,8 @@ impl JobBalancer {
             profiles: vec![None; world],
             last_counters: vec![None; world],
             last_communication: vec![None; world],
+            last_step_time: vec![None; world],
+            expected_generation: None,
             profile_plan_done: false,
         })
     }
@@ -145,6 +159,7 @@ impl JobBalancer {
             *slot = Some(c);
         }
         self.observe_communication(rank, m);
+        self.observe_step_time(rank, batch, m);
         match sample {
             Some(seconds) => self.inner.observe_step(rank, batch, seconds).is_ok(),
             None => false,
@@ -155,6 +170,36 @@ impl JobBalancer {
         for slots in [&mut self.last_counters, &mut self.last_communication] {
             if let Some(slot) = slots.get_mut(rank) {
                 *slot = None;
+            }
+        }
+        if let Some(slot) = self.last_step_time.get_mut(rank) {
+            *slot = None;
+        }
+    }
+
+    /// The whole step (compute + exposed communication) per step since the
+    /// last sample, when the rank ran one plan generation all along — the
+    /// one the last decision left running — so the balancer can compare
+    /// measured steps between memberships.
+    fn observe_step_time(&mut self, rank: usize, batch: u32, m: &RankMetrics) {
+        let (Some(steps), Some(compute), Some(comm)) = (
+            m.steps_total,
+            m.compute_seconds_total,
+            m.communication_seconds_total,
+        ) else {
+            return;
+        };
+        let expected = self.expected_generation;
+        let Some(slot) = self.last_step_time.get_mut(rank) else {
+            return;
+        };
+        let now = (m.plan_generation, steps, compute + comm);
+        if let Some((g0, s0, t0)) = slot.replace(now) {
+            let same = g0 == now.0 && expected.is_none_or(|e| now.0 == Some(e));
+            if same && steps > s0 && now.2 > t0 {
+                let _ = self
+                    .inner
+                    .observe_step_time(rank, batch, (now.2 - t0) / (steps - s0));
             }
         }
     }
@@ -220,6 +265,7 @@ impl JobBalancer {
             }
             let d = prior.decide(&current.batch_sizes)?;
             if let Some(batches) = d.plan {
+                self.expected_generation = Some(current.generation.saturating_add(1));
                 let reason = format!("profiles of all ranks: {}", d.reason);
                 return Ok(Round {
                     plan: Some(NewPlan {
@@ -232,10 +278,16 @@ impl JobBalancer {
                     }),
                     reason,
                     gain_percent: d.gain_percent,
+                    measured_step_seconds: 0.0,
                 });
             }
         }
         let d = self.inner.decide(&current.batch_sizes)?;
+        self.expected_generation = Some(if d.plan.is_some() {
+            current.generation.saturating_add(1)
+        } else {
+            current.generation
+        });
         Ok(Round {
             plan: d.plan.map(|batches| NewPlan {
                 batch_sizes: batches,
@@ -247,138 +299,10 @@ impl JobBalancer {
             }),
             reason: d.reason,
             gain_percent: d.gain_percent,
+            measured_step_seconds: d.measured_step_seconds,
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use heterotrain_crds::HeteroTrainingJob;
-
-    fn spec(batch_norm: &str) -> HeteroTrainingJobSpec {
-        let yaml = format!(
-            r#"
-apiVersion: heterotrain.dev/v1alpha1
-kind: HeteroTrainingJob
-metadata: {{name: job, namespace: ns}}
-spec:
-  workers: [{{name: cpu, replicas: 2}}]
-  model: {{name: resnet18}}
-  dataset: {{name: synthetic_image}}
-  training: {{globalBatchSize: 32, maxSteps: 5, batchNorm: {batch_norm}}}
-"#
-        );
-        let job: HeteroTrainingJob = serde_yaml::from_str(&yaml).expect("job");
-        job.spec
-    }
-
-    /// Rank 1 is 200× slower: with every rank in, the best split gives it
-    /// one sample, which per-rank BatchNorm cannot use; the balancer is
-    /// floored at 2 then. (Left to itself, it leaves rank 1 out.)
-    fn decide_with_a_very_slow_rank(batch_norm: &str, leave_out: bool) -> Vec<u32> {
-        let mut s = spec(batch_norm);
-        s.load_balancing.leave_out_slow_ranks = leave_out;
-        let mut b = Balancer::new(config_of(&s, Policy::Dynamic, 8), 2).expect("balancer");
-        for batch in [8u32, 16, 24, 8, 16, 24] {
-            let n = f64::from(batch);
-            b.observe_step(0, batch, 0.001 * n).expect("observe");
-            b.observe_step(1, batch, 0.2 * n).expect("observe");
-        }
-        b.decide(&[16, 16])
-            .expect("decide")
-            .plan
-            .expect("a new plan")
-    }
-
-    #[test]
-    fn local_batch_norm_floors_the_split_at_two() {
-        assert_eq!(spec("local").effective_min_local_batch(), 2);
-        assert_eq!(spec("sync").effective_min_local_batch(), 1);
-        let synced = decide_with_a_very_slow_rank("sync", false);
-        assert_eq!(synced, vec![31, 1], "sync may give a rank one sample");
-        let local = decide_with_a_very_slow_rank("local", false);
-        assert_eq!(local, vec![30, 2], "local BatchNorm keeps 2 per rank");
-        // One sample at 0.2 s is 6× rank 0's whole step: rank 1 is left out.
-        for bn in ["sync", "local"] {
-            assert_eq!(decide_with_a_very_slow_rank(bn, true), vec![32, 0], "{bn}");
-        }
-    }
-
-    #[test]
-    fn config_maps_the_leave_out_settings() {
-        let c = config_of(&spec("sync"), Policy::Dynamic, 8);
-        assert!(c.leave_out_slow_ranks);
-        assert_eq!(c.leave_out_margin_percent, 10);
-        assert_eq!(c.readmit_after_decisions, 20);
-        let mut s = spec("sync");
-        s.load_balancing.leave_out_slow_ranks = false;
-        s.load_balancing.leave_out_margin_percent = 25;
-        s.load_balancing.readmit_after_decisions = 7;
-        let c = config_of(&s, Policy::Hybrid, 8);
-        assert!(!c.leave_out_slow_ranks);
-        assert_eq!(c.leave_out_margin_percent, 25);
-        assert_eq!(c.readmit_after_decisions, 7);
-        // Out of the schema's range (objects it never saw): still usable.
-        s.load_balancing.leave_out_margin_percent = 1000;
-        s.load_balancing.readmit_after_decisions = 0;
-        let c = config_of(&s, Policy::Hybrid, 8);
-        assert!(c.validate().is_ok(), "{c:?}");
-    }
-
-    /// A left-out rank reports local batch 0: no sample, and its counters
-    /// restart, so the first sample after re-admission does not average in
-    /// the time it sat idle.
-    #[test]
-    fn a_left_out_rank_gives_no_sample_and_its_counters_restart() {
-        let job = crate::testing::fixture("mixed.yaml");
-        let v = crate::testing::valid(&job);
-        let mut jb = JobBalancer::new(&v, 8).expect("balancer");
-        let metrics = |batch: u32, steps: f64, compute: f64| RankMetrics {
-            steps_total: Some(steps),
-            compute_seconds_total: Some(compute),
-            local_batch: Some(batch),
-            ..RankMetrics::default()
-        };
-        assert!(
-            !jb.observe(1, &metrics(8, 10.0, 1.0)),
-            "first read: baseline"
-        );
-        assert!(jb.observe(1, &metrics(8, 20.0, 2.0)));
-        assert!(!jb.observe(1, &metrics(0, 30.0, 2.0)), "left out");
-        // Back in: the counters moved on, but the baseline is gone.
-        assert!(!jb.observe(1, &metrics(8, 40.0, 3.0)));
-        assert!(jb.observe(1, &metrics(8, 50.0, 4.0)));
-    }
-
-    /// The operator turns the ranks' step and communication counters into
-    /// per-step communication; the least of the ranks' is what no split
-    /// removes.
-    #[test]
-    fn communication_per_step_comes_from_the_counters() {
-        let job = crate::testing::fixture("mixed.yaml");
-        let v = crate::testing::valid(&job);
-        let world = v.ranks();
-        let mut jb = JobBalancer::new(&v, 8).expect("balancer");
-        let metrics = |steps: f64, compute: f64, comm: f64| RankMetrics {
-            steps_total: Some(steps),
-            compute_seconds_total: Some(compute),
-            communication_seconds_total: Some(comm),
-            local_batch: Some(8),
-            ..RankMetrics::default()
-        };
-        assert_eq!(jb.communication_seconds(), 0.0);
-        for r in 0..world {
-            jb.observe(r, &metrics(10.0, 1.0, 1.0));
-        }
-        // 10 more steps: rank 0 waited 0.5 s (0.05 per step), the others 2 s.
-        for r in 0..world {
-            let comm = if r == 0 { 1.5 } else { 3.0 };
-            jb.observe(r, &metrics(20.0, 2.0 + r as f64, comm));
-        }
-        assert!((jb.communication_seconds() - 0.05).abs() < 1e-12);
-        // Counters that went backwards (a restarted rank) are not a sample.
-        jb.observe(0, &metrics(5.0, 0.5, 0.1));
-        assert!((jb.communication_seconds() - 0.05).abs() < 1e-12);
-    }
-}
+mod tests;

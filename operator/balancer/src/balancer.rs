@@ -4,6 +4,7 @@
 //! staleness rules on top of the optimal split, and leaving out ranks that
 //! only slow the step down ([`crate::subset`]).
 
+use crate::measured::Measured;
 use crate::model::{fit_profile, valid_sample, PushOutcome};
 use crate::policy::{best_estimate, live_fixed};
 use crate::rank::RankState;
@@ -15,6 +16,7 @@ use crate::{balance_quality, BalancerConfig, BalancerError, Quality, StepModel};
 pub struct Balancer {
     pub(crate) config: BalancerConfig,
     pub(crate) ranks: Vec<RankState>,
+    pub(crate) measured: Measured,
 }
 
 impl Balancer {
@@ -24,7 +26,11 @@ impl Balancer {
         let ranks = (0..world_size)
             .map(|_| RankState::new(config.window))
             .collect();
-        Ok(Balancer { config, ranks })
+        Ok(Balancer {
+            config,
+            ranks,
+            measured: Measured::default(),
+        })
     }
 
     /// The configuration.
@@ -49,6 +55,9 @@ impl Balancer {
     pub fn reset_rank(&mut self, rank: usize) -> Result<(), BalancerError> {
         let window = self.config.window;
         *self.rank_mut(rank)? = RankState::new(window);
+        if self.measured.trial.is_some_and(|t| t.rank == rank) {
+            self.measured.trial = None;
+        }
         Ok(())
     }
 
@@ -141,6 +150,35 @@ impl Balancer {
             Some(old) => old + COMMUNICATION_SMOOTHING * (seconds - old),
             None => seconds,
         });
+        Ok(())
+    }
+
+    /// One measured wall-clock step of `rank` at local batch `batch`: its
+    /// compute plus its exposed communication, the whole synchronous step
+    /// as it saw it (an average over several steps is one sample). The
+    /// live policies compare these between memberships to leave out a rank
+    /// whose cost the compute models do not show (leave-out trials).
+    /// Counted only when `batch` is the rank's batch in the plan decided
+    /// last (a sample of another plan is ignored); errors when `seconds` is
+    /// not finite and > 0 or `batch` is 0.
+    pub fn observe_step_time(
+        &mut self,
+        rank: usize,
+        batch: u32,
+        seconds: f64,
+    ) -> Result<(), BalancerError> {
+        let plan_batch = self.measured.plan.as_ref().map(|p| p.get(rank).copied());
+        let r = self.rank_mut(rank)?;
+        if !valid_sample(batch, seconds) {
+            return Err(BalancerError::InvalidSample {
+                rank,
+                reason: format!("batch {batch}, step seconds {seconds}"),
+            });
+        }
+        if plan_batch.is_none_or(|b| b == Some(batch)) {
+            r.step_time.0 += seconds;
+            r.step_time.1 = r.step_time.1.saturating_add(1);
+        }
         Ok(())
     }
 

@@ -4,91 +4,15 @@
 
 use std::fmt::Write as _;
 
-use crate::decision::{gain_percent, list, noise_margin_percent, ranks_named};
+use crate::decision::{gain_percent, noise_margin_percent};
+use crate::measured::{self, Review, Trial};
 use crate::policy::{policy_models, seed_models};
+use crate::rules::push_note;
 use crate::split::max_step;
 use crate::subset::{self, secs};
 use crate::{Balancer, BalancerError, Decision, Policy, StepModel};
 
 impl Balancer {
-    /// Per-rank bounds `(lower, upper)`; stale ranks are pinned to their
-    /// current batch (or capped at their last batch).
-    fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> (Vec<u32>, Vec<u32>) {
-        let c = &self.config;
-        let global = c.global_batch_size;
-        let mut lower = Vec::with_capacity(self.ranks.len());
-        let mut upper = Vec::with_capacity(self.ranks.len());
-        for r in &self.ranks {
-            let hi = r
-                .cap
-                .unwrap_or(global)
-                .min(c.max_local_batch.unwrap_or(global))
-                .min(global);
-            lower.push(c.min_local_batch);
-            upper.push(hi);
-        }
-        // Rank 0 writes checkpoints: it always trains.
-        if let (Some(lo), Some(&hi)) = (lower.first_mut(), upper.first()) {
-            *lo = (*lo).max(1).min(hi);
-        }
-        for &s in stale {
-            match current {
-                Some(cur) => {
-                    lower[s] = cur[s];
-                    upper[s] = cur[s];
-                }
-                None => {
-                    if let Some(b) = self.ranks[s].last_batch {
-                        upper[s] = upper[s].min(b);
-                        lower[s] = lower[s].min(upper[s]);
-                    }
-                }
-            }
-        }
-        (lower, upper)
-    }
-
-    /// Why `current` cannot be kept, if it cannot.
-    fn current_problem(&self, current: &[u32]) -> Option<String> {
-        let n = self.ranks.len();
-        if current.len() != n {
-            return Some(format!(
-                "current plan has {} entries for {n} ranks",
-                current.len()
-            ));
-        }
-        let sum: u64 = current.iter().map(|&b| u64::from(b)).sum();
-        if sum != u64::from(self.config.global_batch_size) {
-            return Some(format!(
-                "current plan sums to {sum}, not the global batch {}",
-                self.config.global_batch_size
-            ));
-        }
-        let (lower, upper) = self.bounds(None, &[]);
-        let policy = self.config.policy;
-        (0..n).find_map(|r| match current[r] {
-            0 if r > 0 && self.leaves_out() => None,
-            0 if r > 0 => Some(format!(
-                "rank {r} is left out (batch 0), but {}",
-                if policy.measures() {
-                    "leaveOutSlowRanks is off".to_string()
-                } else {
-                    format!("{policy} never leaves ranks out")
-                }
-            )),
-            b if b < lower[r] || b > upper[r] => Some(format!(
-                "rank {r}'s batch {b} is outside [{}, {}]",
-                lower[r], upper[r]
-            )),
-            _ => None,
-        })
-    }
-
-    /// Whether this balancer may leave ranks out.
-    fn leaves_out(&self) -> bool {
-        self.config.leave_out_slow_ranks && self.config.policy.measures()
-    }
-
     /// Decides the next plan given the `current` one (pass `&[]` for the
     /// initial plan). A current plan of the wrong length or sum, or outside
     /// the bounds, is replaced unconditionally; otherwise a new plan is only
@@ -122,7 +46,7 @@ impl Balancer {
         let stragglers: Vec<usize> = (0..n)
             .filter(|&i| self.ranks[i].refits_since_decision > 0)
             .collect();
-        let (lower, upper) = self.bounds(cur, &stale);
+        let (mut lower, mut upper) = self.bounds(cur, &stale);
 
         let pm = policy_models(cfg.policy, &mut self.ranks, cfg.prior_weight, cfg.window);
         // Predictions use the policy's models, except where the policy has
@@ -146,6 +70,7 @@ impl Balancer {
             stale_ranks: stale,
             communication_seconds: self.communication_seconds(),
             left_out: Vec::new(),
+            measured_step_seconds: 0.0,
         };
         if no_data && cur.is_some() {
             out.reason = format!(
@@ -170,10 +95,37 @@ impl Balancer {
             }
             _ => Vec::new(),
         };
+        // The live policies also compare measured steps between memberships
+        // (crate::measured): verdicts first, a new leave-out trial below.
+        let live = self.leaves_out() && matches!(cfg.policy, Policy::Dynamic | Policy::Hybrid);
+        let needed = subset::trial_samples_needed(&cfg);
+        let measured = cur.filter(|_| live).and_then(|c| {
+            measured::window_step(&self.ranks, self.measured.plan.as_deref(), c, needed)
+        });
+        out.measured_step_seconds = measured.unwrap_or(0.0);
+        let review = match cur {
+            Some(c) if live => measured::review(
+                &mut self.ranks,
+                &mut self.measured,
+                c,
+                measured,
+                &readmit,
+                &cfg,
+            ),
+            _ => {
+                self.measured.trial = None;
+                Review::default()
+            }
+        };
+        self.measured.note = review.note.clone();
+        for &r in &review.held_out {
+            (lower[r], upper[r]) = (0, 0);
+        }
         let eligible: Vec<usize> = if self.leaves_out() {
             (1..n)
                 .filter(|&r| pm.has_data[r] && !out.stale_ranks.contains(&r))
                 .filter(|&r| !readmit.contains(&r) && !subset::on_open_trial(&self.ranks[r], &cfg))
+                .filter(|r| !review.held_out.contains(r) && !review.back.contains(r))
                 .collect()
         } else {
             Vec::new()
@@ -214,13 +166,54 @@ impl Balancer {
         };
         // Only those the plan has room for come back now; the others wait.
         readmit.retain(|&r| plan[r] > 0);
-        if !readmit.is_empty() {
-            out.reason = self.readmission_reason(&readmit, &plan, predicted);
+        // Measured verdicts change membership whatever the compute models
+        // predict: no hysteresis, no damping.
+        let forced =
+            review.back.iter().any(|&r| plan[r] > 0) || review.held_out.iter().any(|&r| cur[r] > 0);
+        if !readmit.is_empty() || forced {
+            out.reason = if readmit.is_empty() {
+                format!("{}: predicted step {}", cfg.policy, secs(predicted))
+            } else {
+                self.readmission_reason(&readmit, &plan, predicted)
+            };
             subset::start_trials(&mut self.ranks, &readmit);
             push_note(&mut out.reason, &leave_out_note);
             out.gain_percent = gain_percent(current_pred, predicted);
             out.plan = Some(plan);
             return Ok(self.finish(out, Some(cur)));
+        }
+        let quiet = !review.settled && self.measured.trial.is_none() && self.measured.cooldown == 0;
+        let no_new_out = choice.left_out.iter().all(|r| current_out.contains(r));
+        // No trial while a re-admitted rank's measurement is open (a stale
+        // one's may never close: it does not block).
+        let no_open = (0..n)
+            .all(|r| !subset::on_open_trial(&self.ranks[r], &cfg) || out.stale_ranks.contains(&r));
+        if let (Some(w), true) = (measured, quiet && no_new_out && no_open) {
+            let (mut lo, mut hi) = (lower.clone(), upper.clone());
+            for &r in &current_out {
+                (lo[r], hi[r]) = (0, 0);
+            }
+            let models = measured::Models {
+                split: split_models,
+                predict: predict_models,
+                global: cfg.global_batch_size,
+            };
+            let (pred, m) = (current_pred, margin);
+            if let Some(t) =
+                measured::trial_start(&self.ranks, &models, &lo, &hi, cur, &eligible, w, pred, m)
+            {
+                let why = measured::trial_reason(&t, cur, w, pred, m);
+                out.reason = format!("{}: {why}", cfg.policy);
+                self.measured.trial = Some(Trial {
+                    rank: t.rank,
+                    with_seconds: w,
+                    decisions: 0,
+                });
+                out.predicted_step_seconds = t.predicted_seconds;
+                out.gain_percent = gain_percent(current_pred, t.predicted_seconds);
+                out.plan = Some(t.plan);
+                return Ok(self.finish(out, Some(cur)));
+            }
         }
         if plan == cur {
             out.reason = format!("{}: the current plan is already optimal", cfg.policy);
@@ -300,79 +293,5 @@ impl Balancer {
         }
         out.plan = Some(plan);
         Ok(self.finish(out, Some(cur)))
-    }
-
-    /// Why `readmit` (left-out ranks whose wait is over) are back in `plan`.
-    fn readmission_reason(&self, readmit: &[usize], plan: &[u32], predicted: f64) -> String {
-        let cfg = &self.config;
-        let mut s = format!("{}: ", cfg.policy);
-        for (i, &r) in readmit.iter().enumerate() {
-            let rank = &self.ranks[r];
-            let doubled = (rank.readmit_factor * 2).min(crate::config::MAX_READMIT_FACTOR);
-            let _ = write!(
-                s,
-                "{}rank {r} re-admitted with batch {} to be measured again after {} decisions left out (readmitAfterDecisions {}); if fresh measurements leave it out again, it waits {} decisions",
-                if i > 0 { "; " } else { "" },
-                plan.get(r).copied().unwrap_or(0),
-                rank.out_decisions,
-                cfg.readmit_after_decisions,
-                cfg.readmit_after_decisions.saturating_mul(doubled)
-            );
-        }
-        let _ = write!(s, "; predicted step {}", secs(predicted));
-        s
-    }
-
-    /// Settles the leave-out bookkeeping for the plan to run (the new one,
-    /// else `current`), appends left-out/straggler/stale notes and clears
-    /// the per-decision counters.
-    fn finish(&mut self, mut d: Decision, current: Option<&[u32]>) -> Decision {
-        let decided: Vec<u32> = match (&d.plan, current) {
-            (Some(p), _) => p.clone(),
-            (None, Some(c)) => c.to_vec(),
-            (None, None) => Vec::new(),
-        };
-        d.left_out = (0..decided.len()).filter(|&r| decided[r] == 0).collect();
-        let notes = subset::settle(&mut self.ranks, &decided, &self.config);
-        d.reason.push_str(&notes);
-        if d.plan.is_none() && !d.left_out.is_empty() {
-            let _ = write!(d.reason, "; left out: {}", ranks_named(&d.left_out));
-            let next = d
-                .left_out
-                .iter()
-                .filter(|r| !d.stale_ranks.contains(r))
-                .filter_map(|&r| self.ranks.get(r))
-                .map(|r| subset::readmit_wait(r, &self.config).saturating_sub(r.out_decisions))
-                .min();
-            if let Some(k) = next {
-                let _ = write!(
-                    d.reason,
-                    " (next re-admission for measurement in {k} decisions)"
-                );
-            }
-        }
-        if !d.stragglers.is_empty() {
-            let _ = write!(d.reason, "; re-fitted fast: ranks {}", list(&d.stragglers));
-        }
-        if !d.stale_ranks.is_empty() {
-            let _ = write!(
-                d.reason,
-                "; not reporting, kept at their batch: ranks {}",
-                list(&d.stale_ranks)
-            );
-        }
-        for r in &mut self.ranks {
-            r.reported_since_decision = false;
-            r.refits_since_decision = 0;
-        }
-        d
-    }
-}
-
-/// Appends `; note` unless `note` is empty.
-fn push_note(reason: &mut String, note: &str) {
-    if !note.is_empty() {
-        reason.push_str("; ");
-        reason.push_str(note);
     }
 }

@@ -39,6 +39,12 @@ pub struct Decision {
     /// samples and take no part in the step), in order; never rank 0.
     #[serde(default)]
     pub left_out: Vec<usize>,
+    /// Wall-clock step measured over the interval that ran the current plan
+    /// (seconds, median over its ranks; 0 when not measured), see
+    /// [`crate::Balancer::observe_step_time`]. The live policies compare it
+    /// between memberships to leave out a rank whose cost is not compute.
+    #[serde(default)]
+    pub measured_step_seconds: f64,
 }
 
 impl Decision {

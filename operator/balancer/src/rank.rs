@@ -49,6 +49,27 @@ pub(crate) struct RankState {
     /// Left out of the last decided plan (until it reports a step again):
     /// its last compute and communication times describe an old plan.
     pub left_out: bool,
+    /// Measured wall-clock step seconds since the previous decision: their
+    /// sum and count (see [`crate::Balancer::observe_step_time`]).
+    pub step_time: (f64, u32),
+    /// Left out because the measured step without it was shorter (a
+    /// leave-out trial, [`crate::measured`]): the steps measured with it
+    /// and, most recently, without it.
+    pub presence: Option<Presence>,
+    /// Decisions before this rank may be on a leave-out trial again.
+    pub trial_wait: u32,
+    /// Multiple of `readmitAfterDecisions` the next lost leave-out trial
+    /// makes it wait: 1, doubled by each lost trial (capped).
+    pub trial_factor: u32,
+}
+
+/// The measured steps that keep a rank out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Presence {
+    /// Step seconds measured with the rank in.
+    pub with_seconds: f64,
+    /// Step seconds measured without it (the latest decision interval).
+    pub without_seconds: f64,
 }
 
 impl RankState {
@@ -72,6 +93,10 @@ impl RankState {
             readmit_factor: 1,
             trial_samples: None,
             left_out: false,
+            step_time: (0.0, 0),
+            presence: None,
+            trial_wait: 0,
+            trial_factor: 1,
         }
     }
 

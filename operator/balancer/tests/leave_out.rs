@@ -1,60 +1,15 @@
 //! Leaving slow ranks out ("never slower than the best subset"): who is
 //! left out and why, who never is, and how left-out ranks come back.
 
-use heterotrain_balancer::{Balancer, BalancerConfig, Decision, Policy, StepModel};
+mod common;
 
-fn m(a: f64, c: f64) -> StepModel {
-    StepModel {
-        fixed_seconds: a,
-        per_sample_seconds: c,
-    }
-}
+use common::{config, feed, m, plan_of, profiled, sum};
+use heterotrain_balancer::{Balancer, BalancerConfig, Policy, StepModel};
 
 /// Three fast ranks; rank 3's fixed cost alone (0.4 s) is eight times
 /// their whole step (0.05 s at 40 samples each).
 fn fast_and_fixed() -> Vec<StepModel> {
     vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.4, 0.02)]
-}
-
-fn config(policy: Policy, global: u32) -> BalancerConfig {
-    BalancerConfig {
-        policy,
-        global_batch_size: global,
-        ..BalancerConfig::default()
-    }
-}
-
-/// A balancer that has seen every rank's start-up profile under `truth`.
-fn profiled(cfg: BalancerConfig, truth: &[StepModel]) -> Balancer {
-    let mut bal = Balancer::new(cfg, truth.len()).expect("valid config");
-    for (r, t) in truth.iter().enumerate() {
-        let pts: Vec<(u32, f64)> = [1u32, 4, 16, 32]
-            .iter()
-            .map(|&b| (b, t.predict(b)))
-            .collect();
-        bal.observe_profile(r, &pts, 1024).expect("profile");
-    }
-    bal
-}
-
-/// `n` steps of every rank that trains under `plan`, at `truth`'s times.
-fn feed(bal: &mut Balancer, plan: &[u32], truth: &[StepModel], n: usize) {
-    for _ in 0..n {
-        for (r, t) in truth.iter().enumerate() {
-            if plan[r] > 0 {
-                bal.observe_step(r, plan[r], t.predict(plan[r]))
-                    .expect("valid sample");
-            }
-        }
-    }
-}
-
-fn plan_of(d: &Decision) -> Vec<u32> {
-    d.plan.clone().expect("a new plan")
-}
-
-fn sum(p: &[u32]) -> u32 {
-    p.iter().sum()
 }
 
 /// Rank 3 left out by a dynamic balancer from the equal split.

@@ -209,3 +209,44 @@ fn a_very_slow_node_is_left_out_and_the_job_runs_at_the_best_subsets_speed() {
     assert!(all.steady_efficiency < 0.93, "{}", all.steady_efficiency);
     assert!(all.final_plan[4] >= 1);
 }
+
+#[test]
+fn a_rank_stalling_every_exchange_is_left_out_on_the_measured_step() {
+    // Its compute fits one sample in the others' step, so the compute
+    // models keep it at 1; only the measured step shows the 0.3 s it adds.
+    let s = Scenario {
+        steps: 1200, // 60 decisions: re-admitted for measurement twice
+        ..scenario("slow-comm")
+    };
+    let kept = run(&s, Policy::Proportional, 1).expect("run");
+    assert_eq!(kept.final_plan[4], 1, "{}", kept.last_reason);
+    assert!(kept.steady_efficiency < 0.3, "{}", kept.steady_efficiency);
+    for policy in [Policy::Dynamic, Policy::Hybrid] {
+        let r = run(&s, policy, 1).expect("run");
+        assert_eq!(r.final_plan[4], 0, "{policy}: {}", r.last_reason);
+        assert!(
+            r.steady_efficiency >= 0.97,
+            "{policy}: {}",
+            r.steady_efficiency
+        );
+        assert!(
+            r.throughput > 3.0 * kept.throughput,
+            "{policy}: {} vs {}",
+            r.throughput,
+            kept.throughput
+        );
+        assert!(
+            r.last_reason.contains("left out: rank 4"),
+            "{}",
+            r.last_reason
+        );
+    }
+    // Without leaving ranks out, dynamic keeps it at one sample.
+    let cfg = heterotrain_balancer::BalancerConfig {
+        leave_out_slow_ranks: false,
+        ..sim_config(&s, Policy::Dynamic)
+    };
+    let all = run_with(&s, cfg, 1).expect("run");
+    assert_eq!(all.final_plan[4], 1);
+    assert!(all.steady_efficiency < 0.3, "{}", all.steady_efficiency);
+}

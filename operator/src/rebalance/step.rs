@@ -148,7 +148,11 @@ pub(super) async fn step(
         }
     };
     let Some(new) = round.plan else {
-        tracing::debug!(reason = %round.reason, "keeping the plan");
+        tracing::debug!(
+            reason = %round.reason,
+            measured_step_seconds = round.measured_step_seconds,
+            "keeping the plan"
+        );
         return x;
     };
     let gain = new.gain_percent;

@@ -12,14 +12,17 @@ use heterotrain_balancer::Policy;
 /// compare balancing policies.
 ///
 /// Every step each rank computes its local batch in (a + c·b)·noise seconds,
-/// all ranks wait for the slowest, then pay a fixed all-reduce. The ideal is
+/// all ranks wait for the slowest, then pay a fixed all-reduce (plus any
+/// non-compute cost a rank adds while it takes part). The ideal is
 /// the oracle split (true speeds, every rank finishing together) under the
 /// same noise; efficiency = throughput / ideal.
 ///
 /// Scenarios: four-rank (speeds 1 : 0.7 : 0.4 : 0.25), throttle (rank 0
 /// slows 2x at step 200, recovers at 400), homogeneous (8 identical GPUs),
 /// join (a fifth rank joins at step 200), mixed (one of each of 9 device
-/// types), big (1,024 ranks x 8 device types).
+/// types), big (1,024 ranks x 8 device types), slow-node (a rank of speed
+/// 0.05 the best plan leaves out), slow-comm (a rank whose presence adds
+/// 0.3 s to every exchange, which only the measured step shows).
 #[derive(Debug, Parser)]
 #[command(name = "heterotrain-sim", version)]
 struct Args {

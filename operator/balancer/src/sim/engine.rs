@@ -1,6 +1,8 @@
 //! The discrete-event loop: N synchronous ranks, each step lasting as long
-//! as the slowest rank's compute plus a fixed all-reduce, with per-step
-//! noise and scripted events, driven by a [`Balancer`].
+//! as the slowest rank's compute plus a fixed all-reduce (and the largest
+//! non-compute cost of a rank that takes part), with per-step noise and
+//! scripted events, driven by a [`Balancer`] fed what the operator feeds
+//! it: compute times, exposed communication and whole step times.
 
 use super::report::{IntervalReport, RunReport};
 use super::rng::Rng;
@@ -33,10 +35,21 @@ impl Live {
     }
 }
 
+/// The largest non-compute cost among the ranks that train (time > 0).
+fn exchange_of(ranks: &[Live], times: &[f64]) -> f64 {
+    ranks
+        .iter()
+        .zip(times)
+        .filter(|(_, &t)| t > 0.0)
+        .map(|(r, _)| r.rank.exchange_seconds)
+        .fold(0.0, f64::max)
+}
+
 /// The oracle: per-rank compute time when every rank that trains finishes
 /// together under the true models (continuous water-filling), over the
 /// best membership — every rank, or without the slowest ranks other than
-/// rank 0 when they only slow the step down (their time is then 0).
+/// rank 0 when they only slow the step down, by their compute or by their
+/// non-compute cost (their time is then 0).
 fn oracle_times(ranks: &[Live], cfg: &BalancerConfig) -> Result<Vec<f64>, BalancerError> {
     let models: Vec<StepModel> = ranks.iter().map(Live::truth).collect();
     let global = cfg.global_batch_size;
@@ -55,11 +68,14 @@ fn oracle_times(ranks: &[Live], cfg: &BalancerConfig) -> Result<Vec<f64>, Balanc
             })
             .collect()
     };
-    let slowest = |t: &[f64]| t.iter().copied().fold(0.0, f64::max);
+    let slowest = |t: &[f64]| t.iter().copied().fold(0.0, f64::max) + exchange_of(ranks, t);
     let (x, level) = continuous_split(&models, global, &lower, &upper)?;
     let mut best = times(&x);
-    let smallest = |r: usize| models[r].predict(cfg.min_local_batch.max(1));
-    let mut slow: Vec<usize> = (1..ranks.len()).filter(|&r| smallest(r) > level).collect();
+    let smallest =
+        |r: usize| models[r].predict(cfg.min_local_batch.max(1)) + ranks[r].rank.exchange_seconds;
+    let mut slow: Vec<usize> = (1..ranks.len())
+        .filter(|&r| smallest(r) > level || ranks[r].rank.exchange_seconds > 0.0)
+        .collect();
     slow.sort_by(|&p, &q| smallest(q).total_cmp(&smallest(p)));
     for r in slow {
         (lower[r], upper[r]) = (0, 0);
@@ -199,8 +215,8 @@ pub fn run_with(
             slowest = slowest.max(t);
             ideal_slowest = ideal_slowest.max(oracle.get(i).copied().unwrap_or(0.0) * f);
         }
-        let step_time = slowest + sc.allreduce_seconds;
-        let ideal_step = ideal_slowest + sc.allreduce_seconds;
+        let step_time = slowest + sc.allreduce_seconds + exchange_of(&ranks, &compute);
+        let ideal_step = ideal_slowest + sc.allreduce_seconds + exchange_of(&ranks, &oracle);
         let trained: Vec<f64> = compute.iter().copied().filter(|&t| t > 0.0).collect();
         let cv = balance_quality(&trained).cv_percent;
         for (i, &t) in compute.iter().enumerate() {
@@ -210,6 +226,8 @@ pub fn run_with(
             }
             // Simulated ranks always report valid samples; ignore rejections.
             let _ = bal.observe_step(i, b, t);
+            let _ = bal.observe_step_time(i, b, step_time);
+            let _ = bal.observe_communication(i, step_time - t);
             let mem = f64::from(b) / f64::from(ranks[i].rank.max_batch.max(1));
             let _ = bal.observe_utilisation(i, t / step_time, mem);
         }

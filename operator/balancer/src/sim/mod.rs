@@ -3,9 +3,12 @@
 //!
 //! Each step every rank computes its local batch in
 //! `(a_r + c_r·b_r) · noise` seconds, then all wait for the slowest and pay a
-//! fixed all-reduce. The *ideal* is the oracle split (true models, every
-//! rank finishing together, continuous water-filling) run through the same
-//! noise; efficiency = throughput / ideal throughput.
+//! fixed all-reduce, lengthened by the largest non-compute cost of a rank
+//! that takes part ([`SimRank::exchange_seconds`]). The balancer gets what
+//! the operator gives it: compute times, exposed communication and whole
+//! step times. The *ideal* is the oracle split (true models, every rank
+//! finishing together, continuous water-filling, over the best membership)
+//! run through the same noise; efficiency = throughput / ideal throughput.
 
 pub mod devices;
 mod engine;

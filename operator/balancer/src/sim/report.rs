@@ -192,6 +192,26 @@ impl ScenarioReport {
                 r.quality
             );
         }
+        // Who ends up left out, when some policy leaves a rank out.
+        if self.runs.iter().any(|r| r.final_plan.contains(&0)) {
+            for r in &self.runs {
+                let left: Vec<String> = (0..r.final_plan.len())
+                    .filter(|&i| r.final_plan[i] == 0)
+                    .map(|i| i.to_string())
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "{:<13} final plan {:?}, left out: {}",
+                    r.policy.to_string(),
+                    r.final_plan,
+                    if left.is_empty() {
+                        "none".to_string()
+                    } else {
+                        left.join(", ")
+                    }
+                );
+            }
+        }
         out
     }
 }

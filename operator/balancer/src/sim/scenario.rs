@@ -18,6 +18,11 @@ pub struct SimRank {
     pub max_batch: u32,
     /// Hardware score handed to the seed formula (e.g. TFLOPS).
     pub compute_score: f64,
+    /// Seconds this rank adds to every step it takes part in that are not
+    /// compute (its share of the exchange or optimizer update on a
+    /// throttled CPU): the step's exchange lasts as long as the largest of
+    /// these among the ranks that train. 0 for a healthy rank.
+    pub exchange_seconds: f64,
 }
 
 impl SimRank {
@@ -29,6 +34,7 @@ impl SimRank {
             per_sample_seconds: d.per_sample_seconds(),
             max_batch: d.max_batch(),
             compute_score: d.fp32_tflops,
+            exchange_seconds: 0.0,
         }
     }
 
@@ -40,6 +46,7 @@ impl SimRank {
             per_sample_seconds: reference_per_sample / speed,
             max_batch,
             compute_score: speed,
+            exchange_seconds: 0.0,
         }
     }
 }
@@ -102,7 +109,7 @@ pub struct Scenario {
 }
 
 /// Names of the built-in scenarios.
-pub const BUILTIN_SCENARIOS: [&str; 7] = [
+pub const BUILTIN_SCENARIOS: [&str; 8] = [
     "four-rank",
     "throttle",
     "homogeneous",
@@ -110,12 +117,15 @@ pub const BUILTIN_SCENARIOS: [&str; 7] = [
     "mixed",
     "big",
     "slow-node",
+    "slow-comm",
 ];
 
 /// Per-sample seconds of the fastest rank in the abstract scenarios.
 const REF_PER_SAMPLE: f64 = 0.002;
 /// Fixed cost in the abstract scenarios.
 const REF_FIXED: f64 = 0.010;
+/// Seconds the throttled rank of `slow-comm` adds to every exchange.
+const SLOW_EXCHANGE: f64 = 0.3;
 
 impl Scenario {
     /// A built-in scenario by name:
@@ -127,7 +137,12 @@ impl Scenario {
     /// - `big`: 1,024 ranks, 128 of each of 8 device types, B = 131,072, 5% noise;
     /// - `slow-node`: four ranks of speed 1 and one of speed 0.05, B = 64: even
     ///   at batch 1 the slow rank's step is longer than the others' whole
-    ///   step, so the best plan leaves it out.
+    ///   step, so the best plan leaves it out;
+    /// - `slow-comm`: four ranks of speed 1 and one of speed 0.1 whose
+    ///   presence adds 0.3 s to every exchange (a pod throttled to 0.1 core:
+    ///   its share of the all-reduce), B = 64: its compute alone fits one
+    ///   sample in the others' step, so only the measured step shows that
+    ///   the best plan leaves it out.
     pub fn builtin(name: &str) -> Option<Scenario> {
         let four: Vec<SimRank> = [1.0, 0.7, 0.4, 0.25]
             .iter()
@@ -211,6 +226,20 @@ impl Scenario {
                 ranks: [1.0, 1.0, 1.0, 1.0, 0.05]
                     .iter()
                     .map(|&s| SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024))
+                    .collect(),
+                global_batch: 64,
+                ..base
+            },
+            "slow-comm" => Scenario {
+                description:
+                    "4 ranks of speed 1 and one of speed 0.1 adding 0.3 s to every exchange, B = 64 (best without it)"
+                        .into(),
+                ranks: [1.0, 1.0, 1.0, 1.0, 0.1]
+                    .iter()
+                    .map(|&s| SimRank {
+                        exchange_seconds: if s < 1.0 { SLOW_EXCHANGE } else { 0.0 },
+                        ..SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024)
+                    })
                     .collect(),
                 global_batch: 64,
                 ..base

@@ -1,0 +1,361 @@
+//! Leaving ranks out on the *measured* step.
+//!
+//! The step models see compute only. A rank can also cost every step time
+//! that is not compute — its share of the gradient exchange or of the
+//! optimizer update on a CPU throttled to a fraction of a core — which the
+//! other ranks spend waiting inside the all-reduce. Its compute model then
+//! looks cheap, the model-based choice ([`crate::subset::choose`]) keeps it
+//! at one sample, and every measured step is far longer than predicted.
+//!
+//! So the live policies (dynamic, hybrid) also take the measured wall-clock
+//! step of each decision interval ([`crate::Balancer::observe_step_time`];
+//! the median over the ranks that train, counted only from ranks running
+//! the plan decided last). When it is at least [`TRIAL_EXCESS_FACTOR`]× the
+//! predicted compute step, a *leave-out trial* starts: the eligible rank
+//! slowest per sample (never rank 0, a stale rank, one without data) is
+//! left out for one interval, provided it is not waiting out a lost trial
+//! and its absence could win at all. At the next decision the two
+//! measurements are compared: when the step without it is at least
+//! `leaveOutMarginPercent` shorter, the rank stays out ([`Presence`]) —
+//! re-admitted for measurement after `readmitAfterDecisions` like any
+//! left-out rank, and out again (its wait doubling) while the step measured
+//! with it stays that much longer; otherwise it is back at once and not
+//! tried again for `readmitAfterDecisions` × 1, 2, 4, 8 decisions (doubling
+//! with each lost trial), and no rank is tried for `readmitAfterDecisions`
+//! decisions. One trial runs at a time; measured verdicts change membership
+//! without the compute hysteresis.
+
+use std::fmt::Write as _;
+
+use crate::config::MAX_READMIT_FACTOR;
+use crate::model::median;
+use crate::rank::{Presence, RankState};
+use crate::split::{max_step, optimal_split_bounded};
+use crate::subset::{secs, trial_samples_needed};
+use crate::{BalancerConfig, StepModel};
+
+/// A leave-out trial starts only when the measured step is at least this
+/// many times the predicted compute step: the exchange of a healthy job
+/// stays well below it, a rank stalling every exchange far above.
+pub(crate) const TRIAL_EXCESS_FACTOR: f64 = 2.0;
+/// Decisions a leave-out trial waits for a step measured without its rank
+/// before it is given up (and counted as lost).
+pub(crate) const TRIAL_MAX_DECISIONS: u32 = 3;
+
+/// Measured-step bookkeeping of one balancer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Measured {
+    /// The plan decided last: step times count only from ranks running it.
+    pub plan: Option<Vec<u32>>,
+    /// The leave-out trial in progress.
+    pub trial: Option<Trial>,
+    /// Reason text for the decision being made (appended when it finishes).
+    pub note: String,
+    /// Decisions before any rank may be on a leave-out trial again: after a
+    /// lost trial, `readmitAfterDecisions` (so that noise among equally
+    /// slow ranks cannot run one trial after another).
+    pub cooldown: u32,
+}
+
+/// A leave-out trial in progress.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Trial {
+    /// The rank left out on trial.
+    pub rank: usize,
+    /// Step seconds measured with it, before the trial.
+    pub with_seconds: f64,
+    /// Decisions since the trial started without a step measured.
+    pub decisions: u32,
+}
+
+/// What the measurements decide before the split is chosen.
+#[derive(Debug, Default)]
+pub(crate) struct Review {
+    /// Ranks kept out by measurement: bounds 0 in this decision.
+    pub held_out: Vec<usize>,
+    /// Ranks back after a lost trial: the plan takes them back at once.
+    pub back: Vec<usize>,
+    /// A verdict was reached (no new trial starts in this decision).
+    pub settled: bool,
+    /// Reason text ("" when nothing happened), without a leading "; ".
+    pub note: String,
+}
+
+/// Whether `without` is at least `margin`% shorter than `with`.
+fn shorter(without: f64, with: f64, margin: u32) -> bool {
+    without < with * (1.0 - f64::from(margin.min(100)) / 100.0)
+}
+
+/// The step measured over the decision interval that ran `current`: the
+/// median over its training ranks of each one's mean step time. `None`
+/// unless `current` is the plan decided last and at least `needed` samples
+/// came in.
+pub(crate) fn window_step(
+    ranks: &[RankState],
+    decided: Option<&[u32]>,
+    current: &[u32],
+    needed: u32,
+) -> Option<f64> {
+    if decided != Some(current) {
+        return None;
+    }
+    let training = ranks.iter().zip(current).filter(|(_, &b)| b > 0);
+    let total: u64 = training
+        .clone()
+        .map(|(r, _)| u64::from(r.step_time.1))
+        .sum();
+    if total < u64::from(needed.max(1)) {
+        return None;
+    }
+    let mut means: Vec<f64> = training
+        .filter(|(r, _)| r.step_time.1 > 0)
+        .map(|(r, _)| r.step_time.0 / f64::from(r.step_time.1))
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .collect();
+    median(&mut means)
+}
+
+/// Verdicts on the trial in progress and on ranks kept out by measurement,
+/// given the step `measured` over the interval that ran `current`.
+/// `readmit`: left-out ranks whose wait is over (they come back to be
+/// measured, whatever kept them out).
+pub(crate) fn review(
+    ranks: &mut [RankState],
+    m: &mut Measured,
+    current: &[u32],
+    measured: Option<f64>,
+    readmit: &[usize],
+    cfg: &BalancerConfig,
+) -> Review {
+    let margin = cfg.leave_out_margin_percent;
+    let mut out = Review::default();
+    for r in ranks.iter_mut() {
+        r.trial_wait = r.trial_wait.saturating_sub(1);
+    }
+    m.cooldown = m.cooldown.saturating_sub(1);
+    if let Some(t) = m.trial.take() {
+        let out_now = current.get(t.rank) == Some(&0);
+        if let (true, Some(rank)) = (out_now, ranks.get_mut(t.rank)) {
+            out.settled = true;
+            let r = t.rank;
+            match measured {
+                Some(w) if shorter(w, t.with_seconds, margin) => {
+                    rank.presence = Some(Presence {
+                        with_seconds: t.with_seconds,
+                        without_seconds: w,
+                    });
+                    rank.trial_factor = 1;
+                    out.held_out.push(r);
+                    let _ = write!(
+                        out.note,
+                        "rank {r} stays left out after its leave-out trial: the step measured without it, {}, is {:.0}% shorter than the {} measured with it (leaveOutMarginPercent {margin}%): its presence costs about {}/step that its compute does not show",
+                        secs(w),
+                        100.0 * (1.0 - w / t.with_seconds),
+                        secs(t.with_seconds),
+                        secs(t.with_seconds - w)
+                    );
+                }
+                None if t.decisions + 1 < TRIAL_MAX_DECISIONS => {
+                    out.settled = false;
+                    out.held_out.push(r);
+                    m.trial = Some(Trial {
+                        decisions: t.decisions + 1,
+                        ..t
+                    });
+                }
+                w => {
+                    let wait = cfg
+                        .readmit_after_decisions
+                        .max(1)
+                        .saturating_mul(rank.trial_factor.clamp(1, MAX_READMIT_FACTOR));
+                    rank.trial_wait = wait;
+                    rank.trial_factor = (rank.trial_factor * 2).min(MAX_READMIT_FACTOR);
+                    m.cooldown = cfg.readmit_after_decisions.max(1);
+                    out.back.push(r);
+                    let why = match w {
+                        Some(w) => format!(
+                            "the step measured without it, {}, is not leaveOutMarginPercent {margin}% shorter than the {} measured with it",
+                            secs(w),
+                            secs(t.with_seconds)
+                        ),
+                        None => format!("no step was measured without it in {TRIAL_MAX_DECISIONS} decisions"),
+                    };
+                    let _ = write!(
+                        out.note,
+                        "rank {r} back after its leave-out trial: {why}; no new trial for it before {wait} decisions"
+                    );
+                }
+            }
+        }
+    }
+    let needed = trial_samples_needed(cfg);
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let Some(p) = rank.presence else { continue };
+        if out.held_out.contains(&r) {
+            continue;
+        }
+        match current.get(r).copied() {
+            Some(0) if !readmit.contains(&r) => {
+                if let Some(w) = measured {
+                    rank.presence = Some(Presence {
+                        without_seconds: w,
+                        ..p
+                    });
+                }
+                out.held_out.push(r);
+            }
+            Some(0) => {}
+            Some(_) if rank.trial_samples.is_some_and(|n| n < needed) => {}
+            _ => {
+                rank.presence = None;
+                if rank.trial_samples.is_none() {
+                    continue;
+                }
+                out.settled = true;
+                let sep = if out.note.is_empty() { "" } else { "; " };
+                match measured {
+                    Some(w) if shorter(p.without_seconds, w, margin) => {
+                        rank.presence = Some(Presence {
+                            with_seconds: w,
+                            ..p
+                        });
+                        out.held_out.push(r);
+                        let _ = write!(
+                            out.note,
+                            "{sep}rank {r} left out again: the step measured with it, {}, is still over leaveOutMarginPercent {margin}% longer than the {} measured without it",
+                            secs(w),
+                            secs(p.without_seconds)
+                        );
+                    }
+                    Some(w) => {
+                        let _ = write!(
+                            out.note,
+                            "{sep}rank {r} stays in: the step measured without it, {}, is not leaveOutMarginPercent {margin}% shorter than the {} measured with it now",
+                            secs(p.without_seconds),
+                            secs(w)
+                        );
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+    out.held_out.sort_unstable();
+    out
+}
+
+/// A leave-out trial to start: its rank, plan and predicted compute step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TrialStart {
+    pub rank: usize,
+    pub plan: Vec<u32>,
+    pub predicted_seconds: f64,
+}
+
+/// The split models, the models predictions use, and the global batch.
+pub(crate) struct Models<'a> {
+    pub split: &'a [StepModel],
+    pub predict: &'a [StepModel],
+    pub global: u32,
+}
+
+/// The trial to start when the step `measured` under `current` is at least
+/// [`TRIAL_EXCESS_FACTOR`]× its predicted compute step `predicted`: the
+/// `eligible` rank slowest per sample that trains in `current`, unless it
+/// is waiting out a lost trial, left out of the best split without it (the
+/// ranks already out stay out: `lower`/`upper` hold them at 0) — provided
+/// that split's predicted compute step is `margin`% below the measured step
+/// (else its absence could not win).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn trial_start(
+    ranks: &[RankState],
+    models: &Models<'_>,
+    lower: &[u32],
+    upper: &[u32],
+    current: &[u32],
+    eligible: &[usize],
+    measured: f64,
+    predicted: f64,
+    margin: u32,
+) -> Option<TrialStart> {
+    if !(predicted > 0.0 && measured >= TRIAL_EXCESS_FACTOR * predicted) {
+        return None;
+    }
+    let per_sample = |r: usize| {
+        let b = current.get(r).copied().unwrap_or(0);
+        models
+            .predict
+            .get(r)
+            .map_or(0.0, |m| m.predict(b) / f64::from(b.max(1)))
+    };
+    let rank = eligible
+        .iter()
+        .copied()
+        .filter(|&r| r > 0 && current.get(r).is_some_and(|&b| b > 0))
+        .max_by(|&p, &q| per_sample(p).total_cmp(&per_sample(q)).then(p.cmp(&q)))
+        .filter(|&r| ranks.get(r).is_some_and(|s| s.trial_wait == 0))?;
+    let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
+    if let (Some(l), Some(h)) = (lo.get_mut(rank), hi.get_mut(rank)) {
+        (*l, *h) = (0, 0);
+    }
+    let split = optimal_split_bounded(models.split, models.global, &lo, &hi).ok()?;
+    let predicted_seconds = max_step(models.predict, &split.batches);
+    shorter(predicted_seconds, measured, margin).then_some(TrialStart {
+        rank,
+        plan: split.batches,
+        predicted_seconds,
+    })
+}
+
+/// Why a trial starts, e.g. "leave-out trial: rank 4 left out for one
+/// decision interval …".
+pub(crate) fn trial_reason(
+    t: &TrialStart,
+    current: &[u32],
+    measured: f64,
+    predicted: f64,
+    margin: u32,
+) -> String {
+    let b = current.get(t.rank).copied().unwrap_or(0);
+    format!(
+        "leave-out trial: rank {} (batch {b}, the slowest per sample) left out for one decision interval: the step measured with it, {}, is {:.1}× the predicted compute step {} — time its compute model does not show, such as its share of the gradient exchange; it stays out only if the step measured without it is at least leaveOutMarginPercent {margin}% shorter (predicted compute step without it {})",
+        t.rank,
+        secs(measured),
+        measured / predicted,
+        secs(predicted),
+        secs(t.predicted_seconds)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank_with(times: &[f64]) -> RankState {
+        let mut r = RankState::new(4);
+        r.step_time = (times.iter().sum(), times.len() as u32);
+        r
+    }
+
+    #[test]
+    fn the_window_step_is_the_median_over_training_ranks_of_the_plan_decided_last() {
+        let ranks = vec![rank_with(&[1.0, 1.0]), rank_with(&[1.2]), rank_with(&[9.0])];
+        let plan = [4, 4, 4];
+        assert_eq!(window_step(&ranks, Some(&plan), &plan, 3), Some(1.2));
+        // Another plan ran, or too few samples: nothing measured.
+        assert_eq!(window_step(&ranks, Some(&[4, 4, 5]), &plan, 3), None);
+        assert_eq!(window_step(&ranks, None, &plan, 3), None);
+        assert_eq!(window_step(&ranks, Some(&plan), &plan, 5), None);
+        // A left-out rank's samples do not count.
+        let out = [6, 6, 0];
+        assert_eq!(window_step(&ranks, Some(&out), &out, 3), Some(1.1));
+    }
+
+    #[test]
+    fn margins_are_strict() {
+        assert!(shorter(0.89, 1.0, 10));
+        assert!(!shorter(0.9, 1.0, 10));
+        assert!(!shorter(1.0, 1.0, 0));
+        assert!(!shorter(0.0, 1.0, 100));
+    }
+}

@@ -1,0 +1,176 @@
+//! The rules around [`Balancer::decide`]: per-rank bounds, whether the
+//! current plan may be kept, and the bookkeeping and notes that finish
+//! every decision.
+
+use std::fmt::Write as _;
+
+use crate::decision::{list, ranks_named};
+use crate::subset::{self, secs};
+use crate::{Balancer, Decision};
+
+impl Balancer {
+    /// Per-rank bounds `(lower, upper)`; stale ranks are pinned to their
+    /// current batch (or capped at their last batch).
+    pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        let c = &self.config;
+        let global = c.global_batch_size;
+        let mut lower = Vec::with_capacity(self.ranks.len());
+        let mut upper = Vec::with_capacity(self.ranks.len());
+        for r in &self.ranks {
+            let hi = r
+                .cap
+                .unwrap_or(global)
+                .min(c.max_local_batch.unwrap_or(global))
+                .min(global);
+            lower.push(c.min_local_batch);
+            upper.push(hi);
+        }
+        // Rank 0 writes checkpoints: it always trains.
+        if let (Some(lo), Some(&hi)) = (lower.first_mut(), upper.first()) {
+            *lo = (*lo).max(1).min(hi);
+        }
+        for &s in stale {
+            match current {
+                Some(cur) => {
+                    lower[s] = cur[s];
+                    upper[s] = cur[s];
+                }
+                None => {
+                    if let Some(b) = self.ranks[s].last_batch {
+                        upper[s] = upper[s].min(b);
+                        lower[s] = lower[s].min(upper[s]);
+                    }
+                }
+            }
+        }
+        (lower, upper)
+    }
+
+    /// Why `current` cannot be kept, if it cannot.
+    pub(crate) fn current_problem(&self, current: &[u32]) -> Option<String> {
+        let n = self.ranks.len();
+        if current.len() != n {
+            return Some(format!(
+                "current plan has {} entries for {n} ranks",
+                current.len()
+            ));
+        }
+        let sum: u64 = current.iter().map(|&b| u64::from(b)).sum();
+        if sum != u64::from(self.config.global_batch_size) {
+            return Some(format!(
+                "current plan sums to {sum}, not the global batch {}",
+                self.config.global_batch_size
+            ));
+        }
+        let (lower, upper) = self.bounds(None, &[]);
+        let policy = self.config.policy;
+        (0..n).find_map(|r| match current[r] {
+            0 if r > 0 && self.leaves_out() => None,
+            0 if r > 0 => Some(format!(
+                "rank {r} is left out (batch 0), but {}",
+                if policy.measures() {
+                    "leaveOutSlowRanks is off".to_string()
+                } else {
+                    format!("{policy} never leaves ranks out")
+                }
+            )),
+            b if b < lower[r] || b > upper[r] => Some(format!(
+                "rank {r}'s batch {b} is outside [{}, {}]",
+                lower[r], upper[r]
+            )),
+            _ => None,
+        })
+    }
+
+    /// Whether this balancer may leave ranks out.
+    pub(crate) fn leaves_out(&self) -> bool {
+        self.config.leave_out_slow_ranks && self.config.policy.measures()
+    }
+
+    /// Why `readmit` (left-out ranks whose wait is over) are back in `plan`.
+    pub(crate) fn readmission_reason(
+        &self,
+        readmit: &[usize],
+        plan: &[u32],
+        predicted: f64,
+    ) -> String {
+        let cfg = &self.config;
+        let mut s = format!("{}: ", cfg.policy);
+        for (i, &r) in readmit.iter().enumerate() {
+            let rank = &self.ranks[r];
+            let doubled = (rank.readmit_factor * 2).min(crate::config::MAX_READMIT_FACTOR);
+            let _ = write!(
+                s,
+                "{}rank {r} re-admitted with batch {} to be measured again after {} decisions left out (readmitAfterDecisions {}); if fresh measurements leave it out again, it waits {} decisions",
+                if i > 0 { "; " } else { "" },
+                plan.get(r).copied().unwrap_or(0),
+                rank.out_decisions,
+                cfg.readmit_after_decisions,
+                cfg.readmit_after_decisions.saturating_mul(doubled)
+            );
+        }
+        let _ = write!(s, "; predicted step {}", secs(predicted));
+        s
+    }
+
+    /// Settles the leave-out bookkeeping for the plan to run (the new one,
+    /// else `current`), appends left-out/straggler/stale notes and clears
+    /// the per-decision counters.
+    pub(crate) fn finish(&mut self, mut d: Decision, current: Option<&[u32]>) -> Decision {
+        let decided: Vec<u32> = match (&d.plan, current) {
+            (Some(p), _) => p.clone(),
+            (None, Some(c)) => c.to_vec(),
+            (None, None) => Vec::new(),
+        };
+        d.left_out = (0..decided.len()).filter(|&r| decided[r] == 0).collect();
+        let note = std::mem::take(&mut self.measured.note);
+        push_note(&mut d.reason, &note);
+        let notes = subset::settle(&mut self.ranks, &decided, &self.config);
+        d.reason.push_str(&notes);
+        for r in &mut self.ranks {
+            r.step_time = (0.0, 0);
+        }
+        if !decided.is_empty() {
+            self.measured.plan = Some(decided.clone());
+        }
+        if d.plan.is_none() && !d.left_out.is_empty() {
+            let _ = write!(d.reason, "; left out: {}", ranks_named(&d.left_out));
+            let next = d
+                .left_out
+                .iter()
+                .filter(|r| !d.stale_ranks.contains(r))
+                .filter_map(|&r| self.ranks.get(r))
+                .map(|r| subset::readmit_wait(r, &self.config).saturating_sub(r.out_decisions))
+                .min();
+            if let Some(k) = next {
+                let _ = write!(
+                    d.reason,
+                    " (next re-admission for measurement in {k} decisions)"
+                );
+            }
+        }
+        if !d.stragglers.is_empty() {
+            let _ = write!(d.reason, "; re-fitted fast: ranks {}", list(&d.stragglers));
+        }
+        if !d.stale_ranks.is_empty() {
+            let _ = write!(
+                d.reason,
+                "; not reporting, kept at their batch: ranks {}",
+                list(&d.stale_ranks)
+            );
+        }
+        for r in &mut self.ranks {
+            r.reported_since_decision = false;
+            r.refits_since_decision = 0;
+        }
+        d
+    }
+}
+
+/// Appends `; note` unless `note` is empty.
+pub(crate) fn push_note(reason: &mut String, note: &str) {
+    if !note.is_empty() {
+        reason.push_str("; ");
+        reason.push_str(note);
+    }
+}

@@ -1,0 +1,102 @@
+//! Unit tests of the parent module.
+
+use super::*;
+
+fn m(a: f64, c: f64) -> StepModel {
+    StepModel {
+        fixed_seconds: a,
+        per_sample_seconds: c,
+    }
+}
+
+/// Three fast ranks and one whose fixed cost alone exceeds their step.
+fn slow_fixed() -> Vec<StepModel> {
+    vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.4, 0.02)]
+}
+
+#[test]
+fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
+    let models = slow_fixed();
+    let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2, 3], &[], 10).expect("choose");
+    assert_eq!(c.left_out, vec![3]);
+    assert_eq!(c.batches, vec![40, 40, 40, 0]);
+    assert!((c.step_seconds - 0.05).abs() < 1e-12, "{c:?}");
+    assert!((c.all_ranks_step_seconds - 0.42).abs() < 1e-12, "{c:?}");
+    let note = c.leave_out_note(&models, &[1; 4], 10);
+    assert!(
+        note.starts_with(
+            "rank 3 left out: its fixed cost 0.400 s/step exceeds the 0.0500 s step the others reach without it; predicted step 0.0500 s vs 0.420 s with it"
+        ),
+        "{note}"
+    );
+}
+
+#[test]
+fn ineligible_ranks_stay_in() {
+    let models = slow_fixed();
+    let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2], &[], 10).expect("choose");
+    assert!(c.left_out.is_empty());
+    assert_eq!(c.batches[3], 1);
+    // Rank 0 is never left out, even when slowest and listed.
+    let mut models = slow_fixed();
+    models.swap(0, 3);
+    let c = choose(&models, 120, &[1; 4], &[120; 4], &[0, 1, 2, 3], &[], 10).expect("x");
+    assert!(c.left_out.is_empty(), "{c:?}");
+    assert!(c.batches[0] >= 1);
+}
+
+#[test]
+fn the_margin_guards_new_leave_outs_but_not_staying_out() {
+    // Rank 1 at batch 1 takes 0.205 s; rank 0 alone 0.2 s: about 2.4% faster.
+    let models = [m(0.0, 0.01), m(0.195, 0.01)];
+    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 10).expect("choose");
+    assert!(c.left_out.is_empty(), "2.4% < 10% margin: {c:?}");
+    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 0).expect("choose");
+    assert_eq!(c.left_out, vec![1]);
+    // Already out: it stays out as long as leaving it out is faster.
+    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[1], 10).expect("choose");
+    assert_eq!(c.left_out, vec![1]);
+    assert_eq!(c.batches, vec![20, 0]);
+}
+
+#[test]
+fn an_infeasible_subset_is_skipped() {
+    // Without rank 3 the others cannot hold the batch (caps 30 each).
+    let models = slow_fixed();
+    let c = choose(&models, 100, &[1; 4], &[30, 30, 30, 100], &[3], &[], 10).expect("x");
+    assert!(c.left_out.is_empty());
+    assert_eq!(c.batches.iter().sum::<u32>(), 100);
+}
+
+#[test]
+fn damping_never_leaves_a_fraction_to_a_left_out_rank() {
+    let cur = [30, 30, 30, 30];
+    let plan = [40, 40, 40, 0];
+    let d = damp(&cur, &plan, 0.5, 120, &[1; 4], &[120; 4]).expect("damp");
+    assert_eq!(d, vec![40, 40, 40, 0]);
+    let plan = [60, 30, 30, 0];
+    let d = damp(&cur, &plan, 0.5, 120, &[1; 4], &[120; 4]).expect("damp");
+    assert_eq!(d[3], 0);
+    assert_eq!(d.iter().sum::<u32>(), 120);
+    assert!(d[0] > 30 && d[0] < 60, "{d:?}");
+    // Back in: the re-admitted rank takes its target at once.
+    let d = damp(
+        &[40, 40, 40, 0],
+        &[30, 40, 40, 10],
+        0.25,
+        120,
+        &[1; 4],
+        &[120; 4],
+    )
+    .expect("damp");
+    assert_eq!(d[3], 10);
+    assert_eq!(d.iter().sum::<u32>(), 120);
+}
+
+#[test]
+fn seconds_have_three_significant_digits() {
+    assert_eq!(secs(0.41234), "0.412 s");
+    assert_eq!(secs(0.0012345), "0.00123 s");
+    assert_eq!(secs(12.345), "12.3 s");
+    assert_eq!(secs(0.0), "0 s");
+}

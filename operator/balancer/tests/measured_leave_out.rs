@@ -1,0 +1,272 @@
+//! Leaving ranks out on the measured step: a rank whose compute looks
+//! cheap but whose presence stalls every step (its share of the exchange
+//! on a throttled CPU) is found by a leave-out trial; a trial that measures
+//! worse brings the rank back and waits out a doubling back-off.
+
+mod common;
+
+use common::{config, feed_measured, m, profiled, sum};
+use heterotrain_balancer::{Balancer, BalancerConfig, Decision, Policy, StepModel};
+
+/// Three ranks of the same speed and rank 3, cheap to compute (its model
+/// keeps it in with a small batch).
+fn truth() -> Vec<StepModel> {
+    vec![
+        m(0.01, 0.001),
+        m(0.01, 0.001),
+        m(0.01, 0.001),
+        m(0.005, 0.002),
+    ]
+}
+
+/// The exchange: 10 ms, plus 0.3 s whenever rank 3 takes part.
+fn stalled_by_rank_3(plan: &[u32]) -> f64 {
+    0.01 + if plan[3] > 0 { 0.3 } else { 0.0 }
+}
+
+fn with_readmit(policy: Policy, readmit: u32) -> BalancerConfig {
+    BalancerConfig {
+        readmit_after_decisions: readmit,
+        ..config(policy, 120)
+    }
+}
+
+/// `rounds` decisions from the equal split, 20 measured steps before each;
+/// the decisions and the plan each one left running.
+fn run(
+    bal: &mut Balancer,
+    rounds: usize,
+    exchange: &dyn Fn(&[u32]) -> f64,
+) -> Vec<(Decision, Vec<u32>)> {
+    let truth = truth();
+    let mut plan = vec![30; 4];
+    let mut out = Vec::new();
+    for _ in 0..rounds {
+        feed_measured(bal, &plan, &truth, 20, exchange);
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        assert_eq!(sum(&plan), 120, "{}", d.reason);
+        assert!(plan[0] >= 1);
+        out.push((d, plan.clone()));
+    }
+    out
+}
+
+fn trial_rounds(rounds: &[(Decision, Vec<u32>)]) -> Vec<usize> {
+    rounds
+        .iter()
+        .enumerate()
+        .filter(|(_, (d, _))| d.reason.contains("leave-out trial: rank 3"))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[test]
+fn a_rank_whose_presence_stalls_the_step_is_left_out_after_a_trial() {
+    let mut bal = profiled(with_readmit(Policy::Dynamic, 20), &truth());
+    let rounds = run(&mut bal, 6, &stalled_by_rank_3);
+    // 1: the compute models keep rank 3 in with a small batch.
+    let (d, p) = &rounds[0];
+    assert!(p[3] >= 1 && p[3] < 30, "{p:?}: {}", d.reason);
+    assert_eq!(
+        d.measured_step_seconds, 0.0,
+        "the equal split was not decided here"
+    );
+    // 2: the step measured with it is far above the predicted compute step.
+    let (d, p) = &rounds[1];
+    assert!(d.measured_step_seconds > 0.3, "{d:?}");
+    assert!(d.measured_step_seconds > 5.0 * d.current_predicted_step_seconds);
+    assert_eq!(p, &vec![40, 40, 40, 0], "{}", d.reason);
+    assert!(
+        d.reason.contains("leave-out trial: rank 3 (batch")
+            && d.reason.contains("the slowest per sample")
+            && d.reason.contains("leaveOutMarginPercent 10% shorter"),
+        "{}",
+        d.reason
+    );
+    // 3: measured without it, 0.05 s: it stays out.
+    let (d, p) = &rounds[2];
+    assert_eq!(p, &vec![40, 40, 40, 0], "{}", d.reason);
+    assert_eq!(d.left_out, vec![3]);
+    assert!(
+        d.reason.contains("rank 3 stays left out after its leave-out trial: the step measured without it, 0.0600 s, is 83% shorter than the 0.354 s measured with it (leaveOutMarginPercent 10%): its presence costs about 0.294 s/step that its compute does not show"),
+        "{}",
+        d.reason
+    );
+    for (d, p) in &rounds[3..] {
+        assert_eq!(p[3], 0, "{}", d.reason);
+        assert!(d.plan.is_none(), "{}", d.reason);
+        assert!(d.reason.contains("left out: rank 3"), "{}", d.reason);
+    }
+}
+
+#[test]
+fn without_step_times_or_with_leave_out_off_the_rank_stays_in() {
+    let mut cfg = with_readmit(Policy::Dynamic, 20);
+    cfg.leave_out_slow_ranks = false;
+    let mut bal = profiled(cfg, &truth());
+    let rounds = run(&mut bal, 10, &stalled_by_rank_3);
+    assert!(rounds.iter().all(|(_, p)| p[3] >= 1));
+    // Profiles only (proportional) never measure a step: no trial either.
+    let mut bal = profiled(with_readmit(Policy::Proportional, 20), &truth());
+    let rounds = run(&mut bal, 10, &stalled_by_rank_3);
+    assert!(rounds.iter().all(|(_, p)| p[3] >= 1));
+    assert!(trial_rounds(&rounds).is_empty());
+}
+
+#[test]
+fn a_trial_that_measures_worse_brings_the_rank_back_and_waits_out_a_doubling_back_off() {
+    // A slow exchange whoever takes part: leaving rank 3 out only moves its
+    // samples to the others.
+    let slow_exchange = |_: &[u32]| 0.3;
+    let mut bal = profiled(with_readmit(Policy::Hybrid, 3), &truth());
+    let rounds = run(&mut bal, 16, &slow_exchange);
+    let trials = trial_rounds(&rounds);
+    // Trials at 1, then 3 decisions after the loss (1 + 1 + 3 = 5), then 6
+    // (5 + 1 + 6 = 12): the back-off doubles.
+    assert_eq!(
+        trials,
+        vec![1, 5, 12],
+        "{:#?}",
+        rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>()
+    );
+    for &t in &trials {
+        assert_eq!(rounds[t].1[3], 0);
+        let (d, p) = &rounds[t + 1];
+        assert!(p[3] >= 1, "back after the trial: {p:?}");
+        assert!(
+            d.reason
+                .contains("rank 3 back after its leave-out trial: the step measured without it")
+                && d.reason
+                    .contains("is not leaveOutMarginPercent 10% shorter"),
+            "{}",
+            d.reason
+        );
+    }
+    assert!(rounds[2]
+        .0
+        .reason
+        .contains("no new trial for it before 3 decisions"));
+    assert!(rounds[6]
+        .0
+        .reason
+        .contains("no new trial for it before 6 decisions"));
+    // Only the trials leave it out.
+    for (i, (d, p)) in rounds.iter().enumerate() {
+        assert_eq!(p[3] == 0, trials.contains(&i), "{i}: {}", d.reason);
+    }
+}
+
+#[test]
+fn a_rank_whose_presence_measures_cheaper_is_never_left_out() {
+    // A healthy job: the measured step is the compute step plus a short
+    // exchange, well below twice the prediction.
+    let mut bal = profiled(with_readmit(Policy::Dynamic, 2), &truth());
+    let rounds = run(&mut bal, 30, &|_: &[u32]| 0.01);
+    for (d, p) in &rounds {
+        assert!(p[3] >= 1, "{p:?}: {}", d.reason);
+        assert!(d.left_out.is_empty());
+        assert!(!d.reason.contains("leave-out trial"), "{}", d.reason);
+    }
+    assert!(rounds[5].0.measured_step_seconds > 0.0);
+}
+
+#[test]
+fn a_rank_left_out_on_measurement_is_measured_again_and_stays_in_once_it_is_cheap() {
+    let mut bal = profiled(with_readmit(Policy::Dynamic, 3), &truth());
+    let rounds = run(&mut bal, 8, &stalled_by_rank_3);
+    // Out at 1 (trial) and 2 (verdict); back for measurement after 3
+    // decisions out (at 4), out again at 5 with the wait doubled.
+    let outs: Vec<bool> = rounds.iter().map(|(_, p)| p[3] == 0).collect();
+    assert_eq!(outs, [false, true, true, true, false, true, true, true]);
+    let d = &rounds[4].0;
+    assert!(
+        d.reason.contains("rank 3 re-admitted with batch"),
+        "{}",
+        d.reason
+    );
+    let d = &rounds[5].0;
+    assert!(
+        d.reason
+            .contains("rank 3 left out again: the step measured with it, 0.3")
+            && d.reason.contains("next re-admission after 6 decisions"),
+        "{}",
+        d.reason
+    );
+    // The device recovered: when next measured with it, it stays in.
+    let mut plan = rounds[7].1.clone();
+    let mut stayed = None;
+    for i in 0..8 {
+        feed_measured(&mut bal, &plan, &truth(), 20, &|_: &[u32]| 0.01);
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        if d.reason
+            .contains("rank 3 stays in: the step measured without it, 0.0600 s, is not leaveOutMarginPercent 10% shorter than the 0.0540 s measured with it now")
+        {
+            stayed = Some(i);
+        }
+    }
+    assert!(stayed.is_some(), "{plan:?}");
+    assert!(plan[3] >= 1, "{plan:?}");
+}
+
+#[test]
+fn step_times_of_another_plan_are_ignored() {
+    let mut bal = profiled(with_readmit(Policy::Dynamic, 20), &truth());
+    common::feed(&mut bal, &[30; 4], &truth(), 20);
+    let d = bal.decide(&[30; 4]).expect("decide");
+    let plan = d.batches_or(&[30; 4]).to_vec();
+    assert_ne!(plan, vec![30; 4]);
+    // The ranks still run the equal split: their step times do not count.
+    feed_measured(&mut bal, &[30; 4], &truth(), 20, &stalled_by_rank_3);
+    let d = bal.decide(&plan).expect("decide");
+    assert_eq!(d.measured_step_seconds, 0.0, "{d:?}");
+    assert!(!d.reason.contains("leave-out trial"), "{}", d.reason);
+    assert!(bal.observe_step_time(0, 0, 0.1).is_err());
+    assert!(bal.observe_step_time(0, 4, f64::NAN).is_err());
+    assert!(bal.observe_step_time(9, 4, 0.1).is_err());
+}
+
+mod props {
+    use super::common::{config, feed_measured, m, profiled};
+    use heterotrain_balancer::{BalancerConfig, Policy};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the ranks and whatever they cost beyond compute, every
+        /// plan sums to B, rank 0 trains, left-out ranks get 0, and no
+        /// trial runs beside another.
+        #[test]
+        fn plans_keep_the_contract_under_measured_trials(
+            ranks in prop::collection::vec((0.0..0.05f64, 0.0005..0.02f64, 0.0..0.5f64), 2..6),
+            global in 8u32..200,
+            readmit in 1u32..4,
+            hybrid in any::<bool>(),
+        ) {
+            let truth: Vec<_> = ranks.iter().map(|&(a, c, _)| m(a, c)).collect();
+            let extra: Vec<f64> = ranks.iter().map(|r| r.2).collect();
+            let n = truth.len() as u32;
+            prop_assume!(global >= n);
+            let policy = if hybrid { Policy::Hybrid } else { Policy::Dynamic };
+            let cfg = BalancerConfig { readmit_after_decisions: readmit, ..config(policy, global) };
+            let mut bal = profiled(cfg, &truth);
+            let exchange = |p: &[u32]| {
+                p.iter().zip(&extra).filter(|(&b, _)| b > 0).map(|(_, &e)| e).fold(0.0, f64::max)
+            };
+            let mut plan = vec![global / n; truth.len()];
+            plan[0] += global % n;
+            for _ in 0..25 {
+                feed_measured(&mut bal, &plan, &truth, 5, &exchange);
+                let d = bal.decide(&plan).expect("decide");
+                plan = d.batches_or(&plan).to_vec();
+                prop_assert_eq!(plan.iter().sum::<u32>(), global);
+                prop_assert!(plan[0] >= 1);
+                let zeros: Vec<usize> = (0..plan.len()).filter(|&r| plan[r] == 0).collect();
+                prop_assert_eq!(&d.left_out, &zeros);
+                prop_assert!(d.reason.matches("leave-out trial: rank").count() <= 1, "{}", d.reason);
+            }
+        }
+    }
+}
