@@ -277,32 +277,35 @@ void ht_pg_destroy(void* h) {
   delete g;
 }
 
-// In-place SUM all-reduce of one tensor (contiguous, any dtype gloo supports).
-int ht_pg_allreduce_sum(void* h, at::Tensor* t, char* err, size_t err_len) {
-  auto g = static_cast<HtGroup*>(h);
-  return guarded(err, err_len, [&] {
-    std::vector<at::Tensor> ts{*t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::SUM;
-    o.timeout = g->timeout;
-    wait_work(backend_for(g, *t).allreduce(ts, o), g->timeout);
-  });
+// Start an in-place SUM all-reduce of one tensor (contiguous, any dtype
+// the backend supports).
+static c10::intrusive_ptr<c10d::Work> start_allreduce_sum(HtGroup* g, at::Tensor& t) {
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = g->timeout;
+  return backend_for(g, t).allreduce(ts, o);
 }
 
-// Start an in-place SUM all-reduce; the returned work handle must be passed
-// to ht_work_wait exactly once.
+// Hand a started collective to the caller, who must pass it to
+// ht_work_wait exactly once.
+static void hand_out(c10::intrusive_ptr<c10d::Work> w, void** work) {
+  *work = new c10::intrusive_ptr<c10d::Work>(std::move(w));
+}
+
+// In-place SUM all-reduce of one tensor, waited for.
+int ht_pg_allreduce_sum(void* h, at::Tensor* t, char* err, size_t err_len) {
+  auto g = static_cast<HtGroup*>(h);
+  return guarded(err, err_len,
+                 [&] { wait_work(start_allreduce_sum(g, *t), g->timeout); });
+}
+
+// Start an in-place SUM all-reduce (see hand_out).
 int ht_pg_allreduce_sum_async(void* h, at::Tensor* t, void** work, char* err,
                               size_t err_len) {
   auto g = static_cast<HtGroup*>(h);
   *work = nullptr;
-  return guarded(err, err_len, [&] {
-    std::vector<at::Tensor> ts{*t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::SUM;
-    o.timeout = g->timeout;
-    auto w = backend_for(g, *t).allreduce(ts, o);
-    *work = new c10::intrusive_ptr<c10d::Work>(std::move(w));
-  });
+  return guarded(err, err_len, [&] { hand_out(start_allreduce_sum(g, *t), work); });
 }
 
 int ht_work_wait(void* h, void* work, char* err, size_t err_len) {
@@ -313,30 +316,27 @@ int ht_work_wait(void* h, void* work, char* err, size_t err_len) {
   return rc;
 }
 
-int ht_pg_broadcast(void* h, at::Tensor* t, int root, char* err, size_t err_len) {
-  auto g = static_cast<HtGroup*>(h);
-  return guarded(err, err_len, [&] {
-    std::vector<at::Tensor> ts{*t};
-    c10d::BroadcastOptions o;
-    o.rootRank = root;
-    o.timeout = g->timeout;
-    wait_work(backend_for(g, *t).broadcast(ts, o), g->timeout);
-  });
+// Start an in-place broadcast of one tensor from `root`.
+static c10::intrusive_ptr<c10d::Work> start_broadcast(HtGroup* g, at::Tensor& t, int root) {
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = g->timeout;
+  return backend_for(g, t).broadcast(ts, o);
 }
 
-// Start an in-place broadcast from `root`; wait the handle with ht_work_wait.
+int ht_pg_broadcast(void* h, at::Tensor* t, int root, char* err, size_t err_len) {
+  auto g = static_cast<HtGroup*>(h);
+  return guarded(err, err_len,
+                 [&] { wait_work(start_broadcast(g, *t, root), g->timeout); });
+}
+
+// Start an in-place broadcast from `root` (see hand_out).
 int ht_pg_broadcast_async(void* h, at::Tensor* t, int root, void** work, char* err,
                           size_t err_len) {
   auto g = static_cast<HtGroup*>(h);
   *work = nullptr;
-  return guarded(err, err_len, [&] {
-    std::vector<at::Tensor> ts{*t};
-    c10d::BroadcastOptions o;
-    o.rootRank = root;
-    o.timeout = g->timeout;
-    auto w = backend_for(g, *t).broadcast(ts, o);
-    *work = new c10::intrusive_ptr<c10d::Work>(std::move(w));
-  });
+  return guarded(err, err_len, [&] { hand_out(start_broadcast(g, *t, root), work); });
 }
 
 // outs: world tensors, each shaped like *t.

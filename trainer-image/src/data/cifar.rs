@@ -26,23 +26,24 @@ pub struct Format {
     std: [f64; 3],
 }
 
-pub const CIFAR10: Format = Format {
-    name: "CIFAR-10",
-    label_bytes: 1,
-    label_index: 0,
-    classes: 10,
-    mean: [0.4914, 0.4822, 0.4465],
-    std: [0.2470, 0.2435, 0.2616],
-};
+/// (name, label bytes, label index, classes, channel mean, channel std).
+type FormatRow = (&'static str, usize, usize, u8, [f64; 3], [f64; 3]);
 
-pub const CIFAR100: Format = Format {
-    name: "CIFAR-100",
-    label_bytes: 2,
-    label_index: 1,
-    classes: 100,
-    mean: [0.5071, 0.4865, 0.4409],
-    std: [0.2673, 0.2564, 0.2762],
-};
+const fn format((name, label_bytes, label_index, classes, mean, std): FormatRow) -> Format {
+    Format {
+        name,
+        label_bytes,
+        label_index,
+        classes,
+        mean,
+        std,
+    }
+}
+
+#[rustfmt::skip]
+pub const CIFAR10: Format = format(("CIFAR-10", 1, 0, 10, [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]));
+#[rustfmt::skip]
+pub const CIFAR100: Format = format(("CIFAR-100", 2, 1, 100, [0.5071, 0.4865, 0.4409], [0.2673, 0.2564, 0.2762]));
 
 impl Format {
     fn record(&self) -> usize {
@@ -93,16 +94,11 @@ fn read_file(format: Format, p: &Path) -> Result<(Tensor, Tensor)> {
 }
 
 fn dataset(format: Format, train: (Tensor, Tensor), eval: (Tensor, Tensor)) -> Dataset {
-    Dataset {
-        shape: DataShape::Image {
-            chw: [3, 32, 32],
-            classes: i64::from(format.classes),
-        },
-        train_x: train.0,
-        train_y: train.1,
-        eval_x: eval.0,
-        eval_y: eval.1,
-    }
+    let shape = DataShape::Image {
+        chw: [3, 32, 32],
+        classes: i64::from(format.classes),
+    };
+    Dataset::new(shape, (train.0, train.1, eval.0, eval.1))
 }
 
 /// Load CIFAR-10 from `dir`.

@@ -89,7 +89,7 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
             dir.display()
         ))
     })?;
-    let (train_x, train_y, eval_x, eval_y) = match pair(dir, "t10k")? {
+    let split = match pair(dir, "t10k")? {
         Some((ex, ey, ehw)) if ehw == hw => (x, y, ex, ey),
         Some(_) => {
             return Err(TrainerError::Data(
@@ -98,16 +98,11 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
         }
         None => split_tail(x, y, eval_fraction),
     };
-    Ok(Dataset {
-        shape: DataShape::Image {
-            chw: [1, hw[0], hw[1]],
-            classes: 10,
-        },
-        train_x,
-        train_y,
-        eval_x,
-        eval_y,
-    })
+    let shape = DataShape::Image {
+        chw: [1, hw[0], hw[1]],
+        classes: 10,
+    };
+    Ok(Dataset::new(shape, split))
 }
 
 #[cfg(test)]

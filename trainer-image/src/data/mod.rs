@@ -31,7 +31,21 @@ pub struct Dataset {
     pub eval_y: Tensor,
 }
 
+/// Training inputs and labels, then held-out inputs and labels.
+pub type Split = (Tensor, Tensor, Tensor, Tensor);
+
 impl Dataset {
+    /// A dataset of `shape` from its training and held-out parts.
+    pub fn new(shape: DataShape, (train_x, train_y, eval_x, eval_y): Split) -> Dataset {
+        Dataset {
+            shape,
+            train_x,
+            train_y,
+            eval_x,
+            eval_y,
+        }
+    }
+
     pub fn train_len(&self) -> usize {
         self.train_x.size()[0] as usize
     }
@@ -62,12 +76,7 @@ fn gather(x: &Tensor, y: &Tensor, idx: &[usize], device: Device) -> (Tensor, Ten
 
 /// The dataset's own held-out split when it has one, else the last
 /// `fraction` of the train rows (see [`split_tail`]).
-pub fn with_eval(
-    x: Tensor,
-    y: Tensor,
-    eval: Option<(Tensor, Tensor)>,
-    fraction: f64,
-) -> (Tensor, Tensor, Tensor, Tensor) {
+pub fn with_eval(x: Tensor, y: Tensor, eval: Option<(Tensor, Tensor)>, fraction: f64) -> Split {
     match eval {
         Some((ex, ey)) => (x, y, ex, ey),
         None => split_tail(x, y, fraction),
@@ -75,7 +84,7 @@ pub fn with_eval(
 }
 
 /// Split the last `fraction` of rows off as the eval split.
-pub fn split_tail(x: Tensor, y: Tensor, fraction: f64) -> (Tensor, Tensor, Tensor, Tensor) {
+pub fn split_tail(x: Tensor, y: Tensor, fraction: f64) -> Split {
     let n = x.size()[0];
     let n_eval = ((n as f64) * fraction).round() as i64;
     let n_train = n - n_eval;

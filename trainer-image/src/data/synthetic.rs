@@ -1,7 +1,7 @@
 //! Synthetic datasets, deterministic by seed: class-prototype images
 //! (3×32×32, 10 classes) and token sequences from a noisy affine recurrence.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::{split_tail, DataShape, Dataset};
 use crate::sampler::SplitMix64;
@@ -24,17 +24,11 @@ pub fn images(n: usize, seed: u64, eval_fraction: f64) -> Dataset {
     }
     let x = Tensor::from_slice(&xs).view([n as i64, c as i64, h as i64, w as i64]);
     let y = Tensor::from_slice(&ys);
-    let (train_x, train_y, eval_x, eval_y) = split_tail(x, y, eval_fraction);
-    Dataset {
-        shape: DataShape::Image {
-            chw: [c as i64, h as i64, w as i64],
-            classes: classes as i64,
-        },
-        train_x,
-        train_y,
-        eval_x,
-        eval_y,
-    }
+    let shape = DataShape::Image {
+        chw: [c as i64, h as i64, w as i64],
+        classes: classes as i64,
+    };
+    Dataset::new(shape, split_tail(x, y, eval_fraction))
 }
 
 /// `n` sequences of `context + 1` tokens: t' = (5t + 3 + noise) mod vocab,
@@ -55,14 +49,10 @@ pub fn text(n: usize, context: i64, vocab: i64, seed: u64, eval_fraction: f64) -
     let all = Tensor::from_slice(&toks).view([n as i64, len as i64]);
     let x = all.narrow(1, 0, context).contiguous();
     let y = all.narrow(1, 1, context).contiguous();
-    let (train_x, train_y, eval_x, eval_y) = split_tail(x, y, eval_fraction);
-    Dataset {
-        shape: DataShape::Text { context, vocab },
-        train_x: train_x.to_kind(Kind::Int64),
-        train_y,
-        eval_x,
-        eval_y,
-    }
+    Dataset::new(
+        DataShape::Text { context, vocab },
+        split_tail(x, y, eval_fraction),
+    )
 }
 
 #[cfg(test)]

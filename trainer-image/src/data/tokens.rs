@@ -83,15 +83,8 @@ pub fn load(dir: &Path, context: i64, vocab: i64, eval_fraction: f64) -> Result<
             dir.display()
         ))
     })?;
-    let (train_x, train_y, eval_x, eval_y) =
-        with_eval(x, y, read(dir, "val.bin", context, vocab)?, eval_fraction);
-    Ok(Dataset {
-        shape: DataShape::Text { context, vocab },
-        train_x,
-        train_y,
-        eval_x,
-        eval_y,
-    })
+    let split = with_eval(x, y, read(dir, "val.bin", context, vocab)?, eval_fraction);
+    Ok(Dataset::new(DataShape::Text { context, vocab }, split))
 }
 
 #[cfg(test)]
