@@ -4,21 +4,10 @@
 //! the operator touches is in this file.
 
 use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Policy, Quality};
-use heterotrain_crds::{BalancePolicy, BatchPlan, HeteroTrainingJobSpec};
+use heterotrain_crds::{BatchPlan, HeteroTrainingJobSpec};
 
 use crate::scrape::{RankMetrics, RankProfile};
 use crate::validate::ValidatedJob;
-
-/// The balancer policy for a job's policy.
-pub fn policy_of(p: BalancePolicy) -> Policy {
-    match p {
-        BalancePolicy::Static => Policy::Static,
-        BalancePolicy::Proportional => Policy::Proportional,
-        BalancePolicy::Dynamic => Policy::Dynamic,
-        BalancePolicy::Hybrid => Policy::Hybrid,
-        BalancePolicy::SeedFormula => Policy::SeedFormula,
-    }
-}
 
 /// Balancer config from the job spec (`window`: live samples kept per rank).
 pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) -> BalancerConfig {

@@ -9,7 +9,8 @@
 //! batch plan: born, checked, advanced, written) → [`apply`] (server-side
 //! apply, one field manager) → [`rebalance`] (metrics via [`scrape`] →
 //! [`balance`] → next plan) → [`status`] (pure next status, patched only on
-//! change). [`context`] holds a replica's shared state; [`controller`]
+//! change). [`rank_pod`] holds what validation and build both know of a
+//! rank pod (reserved volumes, keys, mount paths). [`context`] holds a replica's shared state; [`controller`]
 //! wires the pipeline to kube-runtime; [`leader`] makes two replicas safe;
 //! [`server`] serves `/metrics`, `/healthz`, `/readyz`.
 
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod names;
 pub mod plan;
 pub mod profile_cache;
+pub mod rank_pod;
 pub mod rbac;
 pub mod rebalance;
 pub mod reconcile;

@@ -5,54 +5,12 @@ use heterotrain_crds::trainer::ResumeMode;
 use heterotrain_crds::{HeteroTrainingJobSpec, TrainerArgs, WorkerGroup};
 
 use crate::error::Error;
-use crate::names;
+pub use crate::rank_pod::{data_dir, group_threads, quantity_to_threads};
 
 /// The trainer binary inside the image.
 pub const TRAINER_BINARY: &str = "heterotrain-trainer";
 /// Where the trainer writes its logs and final weights (inside the scratch dir).
 pub const OUTPUT_DIR: &str = "/scratch/output";
-
-/// Threads for a group: `threads`, else the CPU limit rounded up, else 1.
-pub fn group_threads(group: &WorkerGroup) -> u32 {
-    group
-        .threads
-        .or_else(|| {
-            group
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get("cpu"))
-                .and_then(|q| quantity_to_threads(&q.0))
-        })
-        .unwrap_or(1)
-        .max(1)
-}
-
-/// Whole CPUs in a CPU quantity, rounded up: "2" → 2, "1500m" → 2,
-/// "0.5" → 1. `None` when the text is not a plain or milli quantity.
-pub fn quantity_to_threads(q: &str) -> Option<u32> {
-    let q = q.trim();
-    let millis: f64 = if let Some(m) = q.strip_suffix('m') {
-        m.parse::<f64>().ok()?
-    } else {
-        q.parse::<f64>().ok()? * 1000.0
-    };
-    if !millis.is_finite() || millis <= 0.0 {
-        return None;
-    }
-    let cpus = (millis / 1000.0).ceil();
-    (cpus <= f64::from(u32::MAX)).then_some(cpus as u32)
-}
-
-/// Directory the dataset is read from inside the pod, if any.
-pub fn data_dir(spec: &HeteroTrainingJobSpec) -> Option<String> {
-    spec.dataset.path.clone().or_else(|| {
-        spec.dataset
-            .claim_name
-            .as_ref()
-            .map(|_| names::DEFAULT_DATA_DIR.to_string())
-    })
-}
 
 /// The trainer's settings for one rank of `group`: the contract type the
 /// trainer parses, filled from the spec (flags the spec does not mention
@@ -142,19 +100,4 @@ pub fn trainer_args(
             .map_err(|e| Error::Invalid(e.to_string()))?,
     );
     Ok(args)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_quantities() {
-        assert_eq!(quantity_to_threads("2"), Some(2));
-        assert_eq!(quantity_to_threads("1500m"), Some(2));
-        assert_eq!(quantity_to_threads("0.5"), Some(1));
-        assert_eq!(quantity_to_threads("abc"), None);
-        assert_eq!(quantity_to_threads("-1"), None);
-        assert_eq!(quantity_to_threads("0"), None);
-    }
 }

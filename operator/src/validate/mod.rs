@@ -13,7 +13,6 @@ use kube::{Resource, ResourceExt};
 
 pub use rules::{summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
 
-use crate::balance::policy_of;
 use crate::error::{Error, Result};
 
 /// A job whose spec passed validation, with its identity and the sizes
@@ -104,6 +103,17 @@ impl<'a> ValidatedJob<'a> {
     /// World size as a length.
     pub fn ranks(&self) -> usize {
         self.world_size as usize
+    }
+}
+
+/// The balancer policy for a job's policy.
+pub fn policy_of(p: heterotrain_crds::BalancePolicy) -> Policy {
+    match p {
+        heterotrain_crds::BalancePolicy::Static => Policy::Static,
+        heterotrain_crds::BalancePolicy::Proportional => Policy::Proportional,
+        heterotrain_crds::BalancePolicy::Dynamic => Policy::Dynamic,
+        heterotrain_crds::BalancePolicy::Hybrid => Policy::Hybrid,
+        heterotrain_crds::BalancePolicy::SeedFormula => Policy::SeedFormula,
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use heterotrain_crds::{HeteroTrainingJobSpec, WorkerGroup};
 
-use crate::build::custom::{
+use crate::rank_pod::{
     is_operator_annotation, is_operator_label, operator_mounts, OPERATOR_VOLUMES, SHM_PATH,
 };
 

@@ -5,8 +5,8 @@
 
 use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource, ModelName};
 
-use crate::build::args::quantity_to_threads;
 use crate::names;
+use crate::rank_pod::quantity_to_threads;
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: u32 = 4096;
