@@ -93,6 +93,19 @@ pub struct HeteroTrainingJobSpec {
     /// operator's `--trainer-image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Your own trainer: the container command of every group without its
+    /// own `command` (e.g. `[python, /app/train.py]` with the `heterotrain`
+    /// Python library, or `torchrun`-free: one process per rank). Empty: the
+    /// built-in `heterotrain-trainer`, with flags from this spec. A command
+    /// gets the same torchrun environment, plan ConfigMap, metrics scraping,
+    /// balancing and gang restarts; it must follow the trainer contract in
+    /// `docs/trainer-contract.md`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments to `command` (only with a command: the built-in trainer's
+    /// flags come from this spec).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
     /// ServiceAccount the rank pods run as (needs read/watch on the plan ConfigMap).
     /// Defaults to `heterotrain-trainer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -144,6 +157,13 @@ pub struct WorkerGroup {
     /// Trainer image for this group (overrides `spec.image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Container command for this group (overrides `spec.command`; see there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments to this group's command (overrides `spec.args`; only with a
+    /// command, the group's or the job's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
     /// Extra environment variables for this group's trainers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
@@ -852,6 +872,31 @@ impl Default for RunPolicy {
 }
 
 impl HeteroTrainingJobSpec {
+    /// The user's own trainer command and arguments for `group`: the
+    /// group's command if it has one, else the job's; `None` means the
+    /// built-in trainer. A group with its own command takes its own args.
+    pub fn custom_command(&self, group: &WorkerGroup) -> Option<(&[String], &[String])> {
+        if !group.command.is_empty() {
+            Some((&group.command, &group.args))
+        } else if !self.command.is_empty() {
+            let args = if group.args.is_empty() {
+                &self.args
+            } else {
+                &group.args
+            };
+            Some((&self.command, args))
+        } else {
+            None
+        }
+    }
+
+    /// Whether any group runs the built-in trainer.
+    pub fn runs_builtin_trainer(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|g| self.custom_command(g).is_none())
+    }
+
     /// The smallest local batch a plan may give any rank: `minLocalBatch`,
     /// raised to 2 for per-rank (`local`) BatchNorm on a BatchNorm model
     /// (one sample has no variance).

@@ -46,6 +46,16 @@ impl LocalCluster {
         }
     }
 
+    /// What the node simulator hands its pods to reach this API server.
+    pub fn pod_api_access(&self) -> crate::nodesim::PodApiAccess {
+        crate::nodesim::PodApiAccess {
+            kubeconfig_for_token: Box::new(self.kubeconfig_renderer()),
+            host: "127.0.0.1".into(),
+            port: self.ports.apiserver,
+            ca_pem: std::fs::read(self.ca_path()).unwrap_or_default(),
+        }
+    }
+
     /// A client authenticating as the admin.
     pub async fn client(&self) -> Result<Client> {
         self.client_for_token(&self.admin_token).await

@@ -2,7 +2,11 @@
 //! API server, keeps them Ready, and runs the pods the real scheduler binds
 //! to them as local processes — each in a CPU-quota cgroup (node speed × the
 //! pod's CPU limit), with its own loopback IP as `POD_IP`, its DNS name in
-//! `/etc/hosts`, and a kubeconfig for its ServiceAccount's token.
+//! `/etc/hosts`, and what a kubelet gives it to reach the API server: its
+//! ServiceAccount's token, the CA and namespace at
+//! `/var/run/secrets/kubernetes.io/serviceaccount` with
+//! `KUBERNETES_SERVICE_HOST`/`_PORT` (unless `automountServiceAccountToken`
+//! is false), and a `KUBECONFIG` for the same token.
 
 pub mod cgroup;
 pub mod config;
@@ -37,7 +41,7 @@ pub struct Ctx {
     pub hosts: hosts::HostsFile,
     pub cgroup_version: cgroup::Version,
     pub instance: String,
-    kubeconfig_template: Box<dyn Fn(&str) -> String + Send + Sync>,
+    api: PodApiAccess,
     next_ip: AtomicU32,
     ip_prefix: u8,
     pub running: Mutex<HashMap<String, Arc<pod::RunningPod>>>,
@@ -66,13 +70,31 @@ impl Ctx {
 
     /// A kubeconfig for `token` against this cluster.
     pub fn kubeconfig_for_token(&self, token: &str) -> String {
-        (self.kubeconfig_template)(token)
+        (self.api.kubeconfig_for_token)(token)
+    }
+
+    /// How pods reach the API server.
+    pub fn api(&self) -> &PodApiAccess {
+        &self.api
     }
 
     /// Where a pod's stdout/stderr go.
     pub fn log_path(&self, ns: &str, name: &str) -> PathBuf {
         log_path(&self.state_dir, ns, name)
     }
+}
+
+/// What a kubelet gives a pod to reach the API server: the in-cluster
+/// service variables and the ServiceAccount directory (token, CA,
+/// namespace), and, for clients that prefer one, a kubeconfig.
+pub struct PodApiAccess {
+    /// Renders a kubeconfig for a ServiceAccount token.
+    pub kubeconfig_for_token: Box<dyn Fn(&str) -> String + Send + Sync>,
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`.
+    pub host: String,
+    pub port: u16,
+    /// The CA that signed the API server's certificate (PEM).
+    pub ca_pem: Vec<u8>,
 }
 
 /// Log file of pod `ns/name` under a simulator's state directory.
@@ -91,13 +113,13 @@ pub struct NodeSimulator {
 }
 
 impl NodeSimulator {
-    /// Register `nodes` and start running their pods. `kubeconfig_for_token`
-    /// renders a kubeconfig for a pod's ServiceAccount token.
+    /// Register `nodes` and start running their pods; `api` is how their
+    /// processes reach the API server.
     pub async fn start(
         client: Client,
         nodes: NodesFile,
         state_dir: &Path,
-        kubeconfig_for_token: impl Fn(&str) -> String + Send + Sync + 'static,
+        api: PodApiAccess,
     ) -> Result<NodeSimulator> {
         let instance = format!("sim-{}-{}", std::process::id(), rand_suffix());
         let version = cgroup::detect();
@@ -115,7 +137,7 @@ impl NodeSimulator {
             hosts: hosts::HostsFile::new(Path::new("/etc/hosts"), &instance),
             cgroup_version: version,
             instance,
-            kubeconfig_template: Box::new(kubeconfig_for_token),
+            api,
             next_ip: AtomicU32::new(2),
             ip_prefix: next_ip_prefix(),
             running: Mutex::new(HashMap::new()),

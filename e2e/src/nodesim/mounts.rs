@@ -138,6 +138,34 @@ pub async fn plan(
     Ok(out)
 }
 
+/// Where a kubelet mounts a pod's ServiceAccount credentials.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The pod's ServiceAccount directory (`token`, `ca.crt`, `namespace`),
+/// mounted read-only at [`SERVICE_ACCOUNT_DIR`] as a kubelet does.
+pub fn service_account(
+    pod_dir: &Path,
+    api: &super::PodApiAccess,
+    token: &str,
+    ns: &str,
+) -> Result<BindMount> {
+    let dir = pod_dir.join("serviceaccount");
+    write_files(
+        &dir,
+        [
+            ("token".to_string(), token.as_bytes().to_vec()),
+            ("ca.crt".to_string(), api.ca_pem.clone()),
+            ("namespace".to_string(), ns.as_bytes().to_vec()),
+        ],
+    )?;
+    std::fs::create_dir_all(SERVICE_ACCOUNT_DIR)?;
+    Ok(BindMount {
+        source: CString::new(dir.as_os_str().as_encoded_bytes())?,
+        target: CString::new(SERVICE_ACCOUNT_DIR)?,
+        read_only: true,
+    })
+}
+
 /// In the child, before exec: a private mount namespace with the bind mounts.
 /// Only async-signal-safe syscalls.
 pub fn apply_in_child(mounts: &[BindMount]) -> std::io::Result<()> {

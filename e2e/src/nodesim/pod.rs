@@ -159,7 +159,7 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     }
     env.entry("TMPDIR".into())
         .or_insert_with(|| pod_dir.join("tmp").display().to_string());
-    let binds = super::mounts::plan(
+    let mut binds = super::mounts::plan(
         &ctx.client,
         &ctx.state_dir,
         &pod_dir,
@@ -168,6 +168,11 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         &token,
     )
     .await?;
+    if spec.automount_service_account_token != Some(false) {
+        binds.push(super::mounts::service_account(&pod_dir, ctx.api(), &token, &ns)?);
+        env.insert("KUBERNETES_SERVICE_HOST".into(), ctx.api().host.clone());
+        env.insert("KUBERNETES_SERVICE_PORT".into(), ctx.api().port.to_string());
+    }
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
     let limit = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0));
     let cores = limit * ctx.speed_of(&node_name);

@@ -115,7 +115,7 @@ impl System {
             client.clone(),
             opts.nodes,
             cluster.state_dir(),
-            cluster.kubeconfig_renderer(),
+            cluster.pod_api_access(),
         )
         .await?;
         let prometheus = if opts.prometheus {

@@ -99,6 +99,11 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         env(envs::PLAN_CONFIGMAP, names::plan_configmap(&v.name)),
         env(envs::RESTART_COUNT, inputs.restart_count.to_string()),
         env(envs::JOB_UID, v.uid()),
+        env(
+            envs::BATCH_SIZE,
+            spec.training.global_batch_size.to_string(),
+        ),
+        env(envs::METRICS_PORT, spec.metrics_port.to_string()),
         env("HOME", names::SCRATCH_DIR),
         env("TMPDIR", names::SCRATCH_DIR),
     ];
@@ -126,6 +131,10 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         protocol: Some("TCP".into()),
         ..Default::default()
     };
+    let (command, args) = match spec.custom_command(g) {
+        Some((command, args)) => (command.to_vec(), args.to_vec()),
+        None => (vec![TRAINER_BINARY.into()], trainer_args(spec, g)?),
+    };
     let container = Container {
         name: names::CONTAINER.into(),
         image: Some(
@@ -134,8 +143,8 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
                 .or_else(|| spec.image.clone())
                 .unwrap_or_else(|| inputs.default_image.clone()),
         ),
-        command: Some(vec![TRAINER_BINARY.into()]),
-        args: Some(trainer_args(spec, g)?),
+        command: Some(command),
+        args: (!args.is_empty()).then_some(args),
         env: Some(env_vars),
         env_from: (!g.env_from.is_empty()).then(|| g.env_from.clone()),
         ports: Some(vec![

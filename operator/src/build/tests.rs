@@ -537,3 +537,46 @@ fn example_jobs_round_trip_through_the_trainer_command_line() {
         "only {groups} worker groups found in examples/"
     );
 }
+
+/// A group with its own command runs it with its args, and no trainer
+/// flags; the contract's environment is the same as the built-in trainer's.
+#[test]
+fn own_command_replaces_the_trainer_and_keeps_the_contract() {
+    let mut job = fixture("mixed.yaml");
+    job.spec.command = vec!["python".into(), "/app/train.py".into()];
+    job.spec.args = vec!["--steps".into(), "5".into()];
+    job.spec.workers[1].command = vec!["/opt/other".into()];
+    let d = desired(&valid(&job), &inputs(0)).expect("build");
+    let c = |rank: usize| d.pods[rank].spec.as_ref().expect("spec").containers[0].clone();
+    // Rank 0 (group 0) runs the job's command with the job's args.
+    assert_eq!(
+        c(0).command,
+        Some(vec!["python".into(), "/app/train.py".into()])
+    );
+    assert_eq!(c(0).args, Some(vec!["--steps".into(), "5".into()]));
+    // The group with its own command takes its own (empty) args.
+    let last = d.pods.len() - 1;
+    assert_eq!(c(last).command, Some(vec!["/opt/other".into()]));
+    assert_eq!(c(last).args, None);
+    for pod in &d.pods {
+        for var in [
+            "RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "HETEROTRAIN_PLAN_CONFIGMAP",
+        ] {
+            assert!(env_of(pod, var).is_some(), "{var} missing");
+        }
+        assert_eq!(
+            env_value(pod, "HT_BATCH_SIZE"),
+            Some(job.spec.training.global_batch_size.to_string())
+        );
+        assert_eq!(env_value(pod, "HT_METRICS_PORT"), Some("9400".into()));
+    }
+    // Without a command: the built-in trainer.
+    let plain = fixture("mixed.yaml");
+    let d = desired(&valid(&plain), &inputs(0)).expect("build");
+    let c0 = &d.pods[0].spec.as_ref().expect("spec").containers[0];
+    assert_eq!(c0.command, Some(vec!["heterotrain-trainer".into()]));
+    assert_eq!(c0.args.as_ref().map(|a| a[0].as_str()), Some("train"));
+}

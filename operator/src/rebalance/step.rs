@@ -105,7 +105,8 @@ pub(super) async fn step(
     profiles::store(deps, v, obs, st, new_profiles).await;
 
     x.conditions.clear();
-    if spec.profiling.enabled {
+    // Only the built-in trainer profiles itself.
+    if spec.profiling.enabled && spec.runs_builtin_trainer() {
         let n = st
             .balancer
             .profiles()

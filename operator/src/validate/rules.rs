@@ -3,25 +3,29 @@
 //! CEL). Each problem names the field and says how to fix it. Never panics
 //! on any spec.
 
+use heterotrain_crds::trainer::env;
 use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource, ModelName};
 
 use crate::names;
+
 use crate::rank_pod::quantity_to_threads;
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: u32 = 4096;
 /// Env vars the operator sets itself; a group may not override them.
-pub const RESERVED_ENV: [&str; 10] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    heterotrain_crds::trainer::env::POD_IP,
-    heterotrain_crds::trainer::env::NAMESPACE,
-    heterotrain_crds::trainer::env::PLAN_CONFIGMAP,
-    heterotrain_crds::trainer::env::RESTART_COUNT,
-    heterotrain_crds::trainer::env::JOB_UID,
+pub const RESERVED_ENV: [&str; 12] = [
+    env::RANK,
+    env::WORLD_SIZE,
+    env::LOCAL_RANK,
+    env::MASTER_ADDR,
+    env::MASTER_PORT,
+    env::POD_IP,
+    env::NAMESPACE,
+    env::PLAN_CONFIGMAP,
+    env::RESTART_COUNT,
+    env::JOB_UID,
+    env::BATCH_SIZE,
+    env::METRICS_PORT,
 ];
 
 /// One semantic problem of a spec.
@@ -163,7 +167,28 @@ pub fn validate(
                 );
             }
         }
+        if !g.args.is_empty() && g.command.is_empty() && spec.command.is_empty() {
+            bad(
+                &f("args"),
+                format!(
+                    "group {:?} sets args but no command runs them: the built-in trainer's flags come from the spec; set command (the group's or spec.command) to run your own trainer",
+                    g.name
+                ),
+            );
+        }
+        if g.command.iter().any(|c| c.trim().is_empty()) {
+            bad(&f("command"), "command entries must not be empty".into());
+        }
         super::pod_rules::check_group(spec, i, g, &mut bad);
+    }
+    if !spec.args.is_empty() && spec.command.is_empty() {
+        bad(
+            "spec.args",
+            "args are given but no command runs them: the built-in trainer's flags come from the spec; set spec.command to run your own trainer".into(),
+        );
+    }
+    if spec.command.iter().any(|c| c.trim().is_empty()) {
+        bad("spec.command", "command entries must not be empty".into());
     }
     if spec.backend == Backend::Nccl {
         for g in spec.workers.iter().filter(|g| g.device == Device::Cpu) {

@@ -313,3 +313,38 @@ fn pod_customisation_example_is_valid() {
     assert_eq!(g.env_from.len(), 2);
     assert_eq!(validate("pod-customisation", &job.spec, None), Ok(()));
 }
+
+#[test]
+fn own_commands_are_checked() {
+    // A group's own command with its args is valid, as is a job-wide one.
+    assert_eq!(
+        group_problems(
+            serde_json::json!({"command": ["python", "/app/train.py"], "args": ["--steps", "5"]})
+        ),
+        Ok(())
+    );
+    let mut v = base();
+    v["spec"]["command"] = serde_json::json!(["python", "/app/train.py"]);
+    v["spec"]["args"] = serde_json::json!(["--steps", "5"]);
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    assert_eq!(validate("job", &job.spec, None), Ok(()));
+
+    // Args with no command to run them, an empty command entry.
+    let err =
+        group_problems(serde_json::json!({"args": ["--bucket-mib", "8"]})).expect_err("args alone");
+    assert_eq!(err[0].field, "spec.workers[0].args");
+    assert!(err[0].message.contains("set command"), "{}", err[0].message);
+    let err =
+        group_problems(serde_json::json!({"command": ["python", " "]})).expect_err("empty entry");
+    assert_eq!(err[0].field, "spec.workers[0].command");
+    let mut v = base();
+    v["spec"]["args"] = serde_json::json!(["--x"]);
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    let err = validate("job", &job.spec, None).expect_err("job args alone");
+    assert_eq!(err[0].field, "spec.args");
+
+    // The environment the contract hands over cannot be overridden.
+    let err = group_problems(serde_json::json!({"env": [{"name": "HT_BATCH_SIZE", "value": "8"}]}))
+        .expect_err("reserved env");
+    assert_eq!(err[0].field, "spec.workers[0].env");
+}
