@@ -875,7 +875,10 @@ impl HeteroTrainingJobSpec {
     /// The user's own trainer command and arguments for `group`: the
     /// group's command if it has one, else the job's; `None` means the
     /// built-in trainer. A group with its own command takes its own args.
-    pub fn custom_command(&self, group: &WorkerGroup) -> Option<(&[String], &[String])> {
+    pub fn custom_command<'a>(
+        &'a self,
+        group: &'a WorkerGroup,
+    ) -> Option<(&'a [String], &'a [String])> {
         if !group.command.is_empty() {
             Some((&group.command, &group.args))
         } else if !self.command.is_empty() {

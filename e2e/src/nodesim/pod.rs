@@ -169,7 +169,12 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     )
     .await?;
     if spec.automount_service_account_token != Some(false) {
-        binds.push(super::mounts::service_account(&pod_dir, ctx.api(), &token, &ns)?);
+        binds.push(super::mounts::service_account(
+            &pod_dir,
+            ctx.api(),
+            &token,
+            &ns,
+        )?);
         env.insert("KUBERNETES_SERVICE_HOST".into(), ctx.api().host.clone());
         env.insert("KUBERNETES_SERVICE_PORT".into(), ctx.api().port.to_string());
     }
