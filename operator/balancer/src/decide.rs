@@ -182,7 +182,13 @@ impl Balancer {
             out.plan = Some(plan);
             return Ok(self.finish(out, Some(cur)));
         }
-        let quiet = !review.settled && self.measured.trial.is_none() && self.measured.cooldown == 0;
+        // Compute comes first: a trial only once the split has settled
+        // (the best split's predicted gain is below the hysteresis).
+        let settled_split = gain_percent(current_pred, predicted) < f64::from(cfg.min_gain_percent);
+        let quiet = settled_split
+            && !review.settled
+            && self.measured.trial.is_none()
+            && self.measured.cooldown == 0;
         let no_new_out = choice.left_out.iter().all(|r| current_out.contains(r));
         // No trial while a re-admitted rank's measurement is open (a stale
         // one's may never close: it does not block).

@@ -261,8 +261,8 @@ pub(crate) struct Models<'a> {
 
 /// The trial to start when the step `measured` under `current` is at least
 /// [`TRIAL_EXCESS_FACTOR`]× its predicted compute step `predicted`: the
-/// `eligible` rank slowest per sample that trains in `current`, unless it
-/// is waiting out a lost trial, left out of the best split without it (the
+/// rank slowest per sample of all that train in `current` when it is
+/// `eligible` (never rank 0), unless it is waiting out a lost trial, left out of the best split without it (the
 /// ranks already out stay out: `lower`/`upper` hold them at 0) — provided
 /// that split's predicted compute step is `margin`% below the measured step
 /// (else its absence could not win).
@@ -288,11 +288,13 @@ pub(crate) fn trial_start(
             .get(r)
             .map_or(0.0, |m| m.predict(b) / f64::from(b.max(1)))
     };
-    let rank = eligible
-        .iter()
-        .copied()
-        .filter(|&r| r > 0 && current.get(r).is_some_and(|&b| b > 0))
+    // The slowest per sample of all the ranks that train: when that is
+    // rank 0 or another rank that may not leave, no trial (leaving out a
+    // faster rank cannot shorten a step the slowest one sets).
+    let rank = (0..current.len())
+        .filter(|&r| current[r] > 0)
         .max_by(|&p, &q| per_sample(p).total_cmp(&per_sample(q)).then(p.cmp(&q)))
+        .filter(|&r| r > 0 && eligible.contains(&r))
         .filter(|&r| ranks.get(r).is_some_and(|s| s.trial_wait == 0))?;
     let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
     if let (Some(l), Some(h)) = (lo.get_mut(rank), hi.get_mut(rank)) {

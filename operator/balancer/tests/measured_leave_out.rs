@@ -270,3 +270,27 @@ mod props {
         }
     }
 }
+
+/// The failure this guards against: rank 0 on the slow node, rank 1 fast,
+/// and every exchange slow (a busy shared machine). The slowest rank per
+/// sample is rank 0, which never leaves: no trial may put the *fast* rank
+/// out, and the split settles with the fast rank's batch well above the
+/// slow one's.
+#[test]
+fn a_rank_faster_than_rank_zero_is_never_tried() {
+    let truth = vec![m(0.002, 0.003), m(0.002, 0.001)];
+    let mut bal = Balancer::new(config(Policy::Dynamic, 64), 2).expect("balancer");
+    let mut plan = vec![32, 32];
+    for round in 0..30 {
+        feed_measured(&mut bal, &plan, &truth, 20, &|_: &[u32]| 0.3);
+        let d = bal.decide(&plan).expect("decide");
+        assert!(
+            !d.reason.contains("leave-out trial"),
+            "round {round}: {}",
+            d.reason
+        );
+        plan = d.batches_or(&plan).to_vec();
+        assert!(plan.iter().all(|&b| b > 0), "round {round}: {plan:?}");
+    }
+    assert!(plan[1] >= 2 * plan[0], "{plan:?}");
+}
