@@ -48,10 +48,18 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.sp
   step "creating Python venv with torch==$TORCH_VERSION (first time: ~2 min, ~4.6 GB)"
   { python3 -m venv "$VENV" &&
     "$VENV/bin/pip" install -q --upgrade pip &&
-    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy scikit-learn safetensors; } >>"$LOG" 2>&1 \
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy scikit-learn safetensors prometheus_client; } >>"$LOG" 2>&1 \
     || fail "pip install torch==$TORCH_VERSION into $VENV"
 else
   step "torch $TORCH_VERSION venv present"
+fi
+# prometheus_client for the Python library (trainer-image/python): added to
+# venvs made before it was needed.
+if ! "$VENV/bin/python" -c "import prometheus_client" >/dev/null 2>&1; then
+  step "adding prometheus_client to the venv (Python library)"
+  "$VENV/bin/pip" install -q prometheus_client >>"$LOG" 2>&1 || fail "pip install prometheus_client into $VENV"
+else
+  step "prometheus_client present in the venv"
 fi
 
 # 2b. CUDA headers the optional NCCL build needs (`--features nccl`): the torch
