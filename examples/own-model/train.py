@@ -32,11 +32,11 @@ import heterotrain  # noqa: E402  # ht
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, classes: int = 10):
+    def __init__(self, classes: int = 10, width: int = 1):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
-        self.fc = nn.Linear(16 * 4 * 4, classes)
+        self.conv1 = nn.Conv2d(1, 8 * width, 3, padding=1)
+        self.conv2 = nn.Conv2d(8 * width, 16 * width, 3, padding=1)
+        self.fc = nn.Linear(16 * width * 4 * 4, classes)
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=int(os.environ.get("HT_BATCH_SIZE", 64)),
                     help="global batch B (sum of the ranks' local batches)")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--width", type=int, default=1, help="channel multiplier of the CNN (more compute per sample)")
     ap.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plan-file", default=None, help="plan JSON to follow (default: $HT_PLAN_FILE / the ConfigMap)")
@@ -74,7 +75,7 @@ def main() -> int:
 
     torch.manual_seed(args.seed)
     dataset = synthetic_dataset(args.samples, args.seed)
-    model = DDP(SmallCNN())
+    model = DDP(SmallCNN(width=args.width))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     ht = heterotrain.init(args.batch_size, total_steps=args.steps, seed=args.seed,  # ht
