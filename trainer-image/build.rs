@@ -1,4 +1,4 @@
-//! Build script: compiles the C++ c10d shim (csrc/c10d_shim.cpp) against the
+//! Build script: compiles the C++ c10d shim (csrc/*.cpp) against the
 //! same libtorch that tch links, and embeds an rpath to `<libtorch>/lib` so
 //! the trainer runs without LD_LIBRARY_PATH.
 
@@ -34,7 +34,7 @@ fn libtorch_dir() -> PathBuf {
 }
 
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=HETEROTRAIN_PYTHON");
     println!("cargo:rerun-if-env-changed=HETEROTRAIN_CXX11_ABI");
@@ -49,7 +49,11 @@ fn main() {
     let mut build = cc::Build::new();
     build
         .cpp(true)
-        .file("csrc/c10d_shim.cpp")
+        .files([
+            "csrc/c10d_shim.cpp",
+            "csrc/autograd_shim.cpp",
+            "csrc/reducer_shim.cpp",
+        ])
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .include(&gloo_inc)

@@ -1,4 +1,4 @@
-//! The C++ shim's functions (csrc/c10d_shim.cpp).
+//! The C++ shim's functions (csrc/*.cpp).
 
 use std::ffi::{c_char, c_int, c_void};
 

@@ -1,4 +1,4 @@
-//! Safe Rust wrapper over the C++ c10d shim (csrc/c10d_shim.cpp): a
+//! Safe Rust wrapper over the C++ c10d shim (csrc/): a
 //! `ProcessGroup` joined through PyTorch's TCPStore, with Gloo (and NCCL
 //! when built with the `nccl` feature) collectives on tch tensors.
 
