@@ -10,6 +10,31 @@ use heterotrain_trainer::{data, profile, train};
 
 fn main() {
     let cli = Cli::parse();
+    let rank = match &cli.command {
+        Command::Train(cfg) | Command::Profile(cfg) => cfg.dist.rank,
+    };
+    // A panic (tch panics on out-of-memory and shape errors) is reported
+    // like every other error: one line, exit 1.
+    std::panic::set_hook(Box::new(move |info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let what = what.lines().next().unwrap_or("panic").to_string();
+        let at = info
+            .location()
+            .map(|l| format!(" ({}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: rank {rank}: internal error: {what}{at}");
+    }));
+    if std::panic::catch_unwind(move || run(cli)).is_err() {
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) {
     match cli.command {
         Command::Train(cfg) => {
             let stop = Arc::new(AtomicBool::new(false));

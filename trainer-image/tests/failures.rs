@@ -218,3 +218,26 @@ fn bad_flags_give_a_clear_error_not_a_panic() {
     assert!(err.contains("--data-dir is required"), "{err}");
     assert_eq!(o[0].status.code(), Some(1));
 }
+
+/// A panic inside libtorch's bindings (here an allocation of petabytes
+/// for the model's first layer) is one `error: rank r:` line and exit 1,
+/// like every other error — not a Rust backtrace and exit 101.
+#[test]
+fn a_panic_is_one_error_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = small(dir.path());
+    set_flag(&mut a, "--hidden", "1099511627776");
+    let o = wait_all(
+        vec![rank_cmd(0, 1, free_port(), &a).spawn().unwrap()],
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&o[0].stderr);
+    assert_eq!(o[0].status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("error: ") || l.contains("panicked"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("error: rank 0: "), "{err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
+}
