@@ -213,12 +213,22 @@ pub fn measure(
         let idx: Vec<usize> = (0..b as usize).map(|i| i % n).collect();
         let (x, y) = data.train_batch(&idx, device);
         let mut peak = 0u64;
+        let mut failed = None;
         let (reps, secs) = timed(device, per_probe, 2, || {
+            if failed.is_some() {
+                return;
+            }
             for p in &params {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            let logits = model.forward(&x, true);
+            let logits = match model.forward(&x, true) {
+                Ok(l) => l,
+                Err(e) => {
+                    failed = Some(e);
+                    return;
+                }
+            };
             let loss = model.loss(&logits, &y);
             let now = match (device, gpu) {
                 (Device::Cuda(_), Some(g)) => g.memory_used().unwrap_or(0),
@@ -228,6 +238,9 @@ pub fn measure(
             peak = peak.max(now);
             loss.backward();
         });
+        if let Some(e) = failed {
+            return Err(e);
+        }
         points.push((b, secs / f64::from(reps.max(1))));
         mem_at.push((b, peak));
     }
