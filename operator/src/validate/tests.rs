@@ -81,6 +81,20 @@ fn torchscript_trains_a_file_on_a_file_dataset() {
     assert_eq!(validate("job", &ok.spec, None), Ok(()));
     let args = crate::build::args::trainer_settings(&ok.spec, &ok.spec.workers[0]).expect("args");
     assert_eq!(args.model.model_file, Some("/data/model.pt".into()));
+    let example: HeteroTrainingJob =
+        serde_yaml::from_str(include_str!("../../../examples/own-model/job.yaml"))
+            .expect("example parses");
+    assert_eq!(validate("own-model", &example.spec, None), Ok(()));
+    let written =
+        crate::build::args::trainer_args(&example.spec, &example.spec.workers[0]).expect("args");
+    let at = |flag: &str| {
+        let i = written.iter().position(|a| a == flag).expect(flag);
+        written[i + 1].as_str()
+    };
+    assert_eq!(at("--model"), "torchscript");
+    assert_eq!(at("--model-file"), "/data/own-model/model.pt");
+    assert_eq!(at("--dataset"), "tensors");
+    assert_eq!(at("--data-dir"), "/data/own-model");
     let problem = |patch: serde_json::Value| -> Problem {
         let p = validate("job", &job(patch).spec, None).expect_err("invalid");
         assert_eq!(p.len(), 1, "{p:?}");
