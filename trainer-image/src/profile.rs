@@ -148,12 +148,15 @@ pub fn device_info(device: Device, gpu: Option<&Gpu>) -> DeviceInfo {
     }
 }
 
-/// A label for the model and its size knobs.
+/// A label for the model and its size knobs (a TorchScript model: its file).
 pub fn model_label(cfg: &ModelArgs) -> String {
     let name = serde_json::to_value(cfg.arch)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
+    if let Some(f) = &cfg.model_file {
+        return format!("{name}(file={})", f.display());
+    }
     format!(
         "{name}(hidden={},layers={},heads={},context={},vocab={})",
         cfg.hidden, cfg.layers, cfg.heads, cfg.context, cfg.vocab
