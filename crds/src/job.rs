@@ -267,6 +267,12 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2, max = 1048576))]
     pub vocab: Option<u32>,
+    /// The TorchScript module `torchscript` trains (a file saved by
+    /// `torch.jit.save`, mapping a batch of inputs to class logits): an
+    /// absolute path inside the pod, typically on the dataset's claim.
+    /// Only with `torchscript`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 /// Model architectures the trainer builds.
@@ -286,6 +292,9 @@ pub enum ModelName {
     Resnet50,
     /// GPT-style decoder-only transformer language model.
     Gpt,
+    /// Your own model: a TorchScript module (`model.file`) mapping a batch
+    /// of inputs to class logits, trained with cross-entropy.
+    Torchscript,
 }
 
 impl ModelName {
@@ -302,6 +311,7 @@ impl ModelName {
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
             ModelName::Gpt => "gpt",
+            ModelName::Torchscript => "torchscript",
         }
     }
 }
@@ -313,7 +323,8 @@ pub struct DatasetSpec {
     /// Dataset format.
     pub name: DatasetName,
     /// Directory holding the files (`cifar10`: the binary batches; `cifar100`:
-    /// `train.bin`/`test.bin`; `mnist`: IDX files; `tokens`: `train.bin`/`val.bin`).
+    /// `train.bin`/`test.bin`; `mnist`: IDX files; `tokens`: `train.bin`/`val.bin`;
+    /// `tensors`: `train.safetensors`/`eval.safetensors`).
     /// With `claimName` the claim is mounted here (default `/data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -347,6 +358,10 @@ pub enum DatasetName {
     /// (nanoGPT's layout) for `gpt`, cut into non-overlapping windows of
     /// `model.context` + 1 tokens; every token must be below `model.vocab`.
     Tokens,
+    /// Tensors in safetensors files: `train.safetensors` and optional
+    /// `eval.safetensors`, each with `x` (float, `[N, ...]`) and `y` (int64
+    /// class ids, `[N]`); the classes are 0..=max(y).
+    Tensors,
 }
 
 impl DatasetName {
@@ -359,6 +374,7 @@ impl DatasetName {
             DatasetName::Mnist => "mnist",
             DatasetName::Cifar100 => "cifar100",
             DatasetName::Tokens => "tokens",
+            DatasetName::Tensors => "tensors",
         }
     }
 

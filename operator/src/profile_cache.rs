@@ -64,7 +64,9 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// The model part of the key, e.g. `mlp.h128.l2`.
+/// The model part of the key, e.g. `mlp.h128.l2`; a TorchScript model's
+/// file is part of it (`torchscript.f/data/m.pt`), since the name alone
+/// says nothing of the network.
 pub fn model_key(m: &ModelSpec) -> String {
     let mut k = m.name.as_str().to_string();
     for (p, v) in [
@@ -77,6 +79,9 @@ pub fn model_key(m: &ModelSpec) -> String {
         if let Some(v) = v {
             k.push_str(&format!(".{p}{v}"));
         }
+    }
+    if let Some(f) = &m.file {
+        k.push_str(&format!(".f{f}"));
     }
     k
 }
@@ -195,4 +200,21 @@ pub async fn store(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torchscript_key_names_its_file() {
+        let mut m: ModelSpec = serde_json::from_value(
+            serde_json::json!({"name": "torchscript", "file": "/data/a.pt"}),
+        )
+        .expect("model");
+        let a = key("H100", Device::Cuda, &m);
+        assert_eq!(a, "H100_cuda_torchscript.f_data_a.pt");
+        m.file = Some("/data/b.pt".into());
+        assert_ne!(key("H100", Device::Cuda, &m), a);
+    }
 }

@@ -148,12 +148,15 @@ pub fn device_info(device: Device, gpu: Option<&Gpu>) -> DeviceInfo {
     }
 }
 
-/// A label for the model and its size knobs.
+/// A label for the model and its size knobs (a TorchScript model: its file).
 pub fn model_label(cfg: &ModelArgs) -> String {
     let name = serde_json::to_value(cfg.arch)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
+    if let Some(f) = &cfg.model_file {
+        return format!("{name}(file={})", f.display());
+    }
     format!(
         "{name}(hidden={},layers={},heads={},context={},vocab={})",
         cfg.hidden, cfg.layers, cfg.heads, cfg.context, cfg.vocab
@@ -213,12 +216,22 @@ pub fn measure(
         let idx: Vec<usize> = (0..b as usize).map(|i| i % n).collect();
         let (x, y) = data.train_batch(&idx, device);
         let mut peak = 0u64;
+        let mut failed = None;
         let (reps, secs) = timed(device, per_probe, 2, || {
+            if failed.is_some() {
+                return;
+            }
             for p in &params {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            let logits = model.forward(&x, true);
+            let logits = match model.forward(&x, true) {
+                Ok(l) => l,
+                Err(e) => {
+                    failed = Some(e);
+                    return;
+                }
+            };
             let loss = model.loss(&logits, &y);
             let now = match (device, gpu) {
                 (Device::Cuda(_), Some(g)) => g.memory_used().unwrap_or(0),
@@ -228,6 +241,9 @@ pub fn measure(
             peak = peak.max(now);
             loss.backward();
         });
+        if let Some(e) = failed {
+            return Err(e);
+        }
         points.push((b, secs / f64::from(reps.max(1))));
         mem_at.push((b, peak));
     }

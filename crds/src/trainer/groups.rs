@@ -43,6 +43,10 @@ pub struct ModelArgs {
     /// files must be below it; 256 fits byte-level text).
     #[arg(long, default_value_t = 256)]
     pub vocab: i64,
+    /// The TorchScript module `--model torchscript` trains (saved by
+    /// `torch.jit.save`; maps a batch of inputs to class logits).
+    #[arg(long, env = env::MODEL_FILE)]
+    pub model_file: Option<PathBuf>,
 }
 
 impl ModelArgs {
@@ -66,7 +70,9 @@ pub struct DataArgs {
     /// Directory with the dataset files (cifar10: data_batch_*.bin, test_batch.bin;
     /// cifar100: train.bin, test.bin; mnist: train-images-idx3-ubyte etc.,
     /// not gzipped; tokens: train.bin, val.bin as little-endian uint16, cut
-    /// into non-overlapping windows of --context + 1 tokens).
+    /// into non-overlapping windows of --context + 1 tokens; tensors:
+    /// train.safetensors and optional eval.safetensors, each holding `x`
+    /// (float, [N, ...]) and `y` (int64 class ids, [N])).
     #[arg(long, env = env::DATA_DIR)]
     pub data_dir: Option<PathBuf>,
     /// Number of samples for the synthetic datasets.

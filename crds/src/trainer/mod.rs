@@ -47,6 +47,7 @@ pub mod env {
 
     /// Variables a user may set in place of a flag.
     pub const MODEL: &str = "HT_MODEL";
+    pub const MODEL_FILE: &str = "HT_MODEL_FILE";
     pub const BATCH_NORM: &str = "HT_BATCH_NORM";
     pub const DATASET: &str = "HT_DATASET";
     pub const DATA_DIR: &str = "HT_DATA_DIR";

@@ -22,6 +22,7 @@ fn every_written_setting_parses_back() {
     a.model.arch = ModelName::Resnet18;
     a.model.batch_norm = BatchNormMode::Local;
     a.model.resnet_width = 8;
+    a.model.model_file = Some("/data/model.pt".into());
     a.data.dataset = DatasetName::Cifar100;
     a.data.data_dir = Some("/data/x y".into());
     a.data.no_shuffle = true;
@@ -52,6 +53,7 @@ fn every_written_setting_parses_back() {
     };
     assert_eq!(at("--model"), Some("resnet18"));
     assert_eq!(at("--dataset"), Some("cifar100"));
+    assert_eq!(at("--model-file"), Some("/data/model.pt"));
     assert_eq!(at("--profile-batch-sizes"), Some("4,12"));
 }
 

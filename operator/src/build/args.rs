@@ -40,6 +40,7 @@ pub fn trainer_settings(
             *field = i64::from(v);
         }
     }
+    a.model.model_file = m.file.as_ref().map(Into::into);
     a.data.dataset = spec.dataset.name;
     a.data.data_dir = data_dir(spec).map(Into::into);
     if let Some(n) = spec.dataset.synthetic_samples {

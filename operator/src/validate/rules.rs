@@ -306,8 +306,35 @@ pub fn validate(
                 if text_model {
                     "token (synthetic_text or tokens)"
                 } else {
-                    "image"
+                    "image or tensors"
                 },
+                spec.dataset.name.as_str()
+            ),
+        );
+    }
+    let scripted = spec.model.name == ModelName::Torchscript;
+    match &spec.model.file {
+        None if scripted => bad(
+            "spec.model.file",
+            "model torchscript needs file: the path of the TorchScript module (torch.jit.save) inside the pod".into(),
+        ),
+        Some(_) if !scripted => bad(
+            "spec.model.file",
+            format!(
+                "file is only for model torchscript, not {}",
+                spec.model.name.as_str()
+            ),
+        ),
+        Some(f) if !f.starts_with('/') => {
+            bad("spec.model.file", format!("{f:?} must be an absolute path"))
+        }
+        _ => {}
+    }
+    if scripted && !text_data && !spec.dataset.name.from_files() {
+        bad(
+            "spec.dataset.name",
+            format!(
+                "model torchscript trains on a dataset read from files (tensors, mnist, cifar10, cifar100), not {}",
                 spec.dataset.name.as_str()
             ),
         );

@@ -68,6 +68,65 @@ fn gpt_trains_on_token_files() {
 }
 
 #[test]
+fn torchscript_trains_a_file_on_a_file_dataset() {
+    let job = |patch: serde_json::Value| -> HeteroTrainingJob {
+        let mut v = base();
+        merge(&mut v["spec"], &patch);
+        serde_json::from_value(v).expect("job")
+    };
+    let ok = job(serde_json::json!({
+        "model": {"name": "torchscript", "file": "/data/model.pt"},
+        "dataset": {"name": "tensors", "claimName": "own"}
+    }));
+    assert_eq!(validate("job", &ok.spec, None), Ok(()));
+    let args = crate::build::args::trainer_settings(&ok.spec, &ok.spec.workers[0]).expect("args");
+    assert_eq!(args.model.model_file, Some("/data/model.pt".into()));
+    let example: HeteroTrainingJob =
+        serde_yaml::from_str(include_str!("../../../examples/own-model/job.yaml"))
+            .expect("example parses");
+    assert_eq!(validate("own-model", &example.spec, None), Ok(()));
+    let written =
+        crate::build::args::trainer_args(&example.spec, &example.spec.workers[0]).expect("args");
+    let at = |flag: &str| {
+        let i = written.iter().position(|a| a == flag).expect(flag);
+        written[i + 1].as_str()
+    };
+    assert_eq!(at("--model"), "torchscript");
+    assert_eq!(at("--model-file"), "/data/own-model/model.pt");
+    assert_eq!(at("--dataset"), "tensors");
+    assert_eq!(at("--data-dir"), "/data/own-model");
+    let problem = |patch: serde_json::Value| -> Problem {
+        let p = validate("job", &job(patch).spec, None).expect_err("invalid");
+        assert_eq!(p.len(), 1, "{p:?}");
+        p[0].clone()
+    };
+    let p = problem(serde_json::json!({
+        "model": {"name": "torchscript"},
+        "dataset": {"name": "tensors", "path": "/data"}
+    }));
+    assert_eq!(p.field, "spec.model.file");
+    assert!(p.message.contains("needs file"), "{p:?}");
+    let p = problem(serde_json::json!({
+        "model": {"name": "torchscript", "file": "model.pt"},
+        "dataset": {"name": "tensors", "path": "/data"}
+    }));
+    assert_eq!(p.field, "spec.model.file");
+    assert!(p.message.contains("absolute path"), "{p:?}");
+    let p = problem(serde_json::json!({"model": {"name": "simple_cnn", "file": "/data/m.pt"}}));
+    assert_eq!(p.field, "spec.model.file");
+    assert!(p.message.contains("only for model torchscript"), "{p:?}");
+    let p = problem(serde_json::json!({"model": {"name": "torchscript", "file": "/data/m.pt"}}));
+    assert_eq!(p.field, "spec.dataset.name");
+    assert!(p.message.contains("synthetic_image"), "{p:?}");
+    let p = problem(serde_json::json!({
+        "model": {"name": "torchscript", "file": "/data/m.pt"},
+        "dataset": {"name": "tokens", "path": "/data"}
+    }));
+    assert_eq!(p.field, "spec.dataset.name");
+    assert!(p.message.contains("image or tensors"), "{p:?}");
+}
+
+#[test]
 fn bad_names_are_refused() {
     let job: HeteroTrainingJob = serde_json::from_value(base()).expect("job");
     for name in ["9lives", &"x".repeat(62), "Upper"] {

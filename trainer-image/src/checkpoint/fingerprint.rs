@@ -38,6 +38,9 @@ pub struct Fingerprint {
     /// `--vocab` (gpt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab: Option<i64>,
+    /// SHA-256 (first 16 hex digits) of the `--model-file` module (torchscript).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_file: Option<String>,
     /// Global batch B (`--batch-size`).
     pub batch_size: u32,
     /// `--dataset` (snake_case name).
@@ -63,12 +66,14 @@ fn enum_name<T: Serialize>(v: &T) -> String {
 
 impl Fingerprint {
     /// The fingerprint of a run configured by `cfg` whose train split has
-    /// `train_samples` samples.
+    /// `train_samples` samples (a TorchScript model's digest is added by
+    /// the caller, which has read the file).
     pub fn of(cfg: &TrainerArgs, train_samples: usize) -> Fingerprint {
         let (hidden, gpt) = match cfg.model.arch {
             ModelName::Mlp | ModelName::SimpleCnn => (true, false),
             ModelName::Resnet18 | ModelName::Resnet50 => (false, false),
             ModelName::Gpt => (true, true),
+            ModelName::Torchscript => (false, false),
         };
         let gpt_flag = |v: i64| gpt.then_some(v);
         Fingerprint {
@@ -83,6 +88,7 @@ impl Fingerprint {
             heads: gpt_flag(cfg.model.heads),
             context: gpt_flag(cfg.model.context),
             vocab: gpt_flag(cfg.model.vocab),
+            model_file: None,
             batch_size: cfg.optim.batch_size,
             dataset: enum_name(&cfg.data.dataset),
             train_samples: train_samples as u64,
@@ -130,6 +136,7 @@ impl Fingerprint {
         cmp("heads", opt(&self.heads), opt(&run.heads));
         cmp("context", opt(&self.context), opt(&run.context));
         cmp("vocab", opt(&self.vocab), opt(&run.vocab));
+        cmp("model file", opt(&self.model_file), opt(&run.model_file));
         cmp(
             "batch size",
             self.batch_size.to_string(),

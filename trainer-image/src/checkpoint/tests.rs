@@ -97,6 +97,7 @@ fn fingerprint_records_the_runs_meaning() {
         heads: Some(8),
         context: Some(32),
         vocab: Some(100),
+        model_file: None,
         batch_size: 48,
         dataset: "synthetic_text".into(),
         train_samples: 1000,

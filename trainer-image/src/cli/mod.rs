@@ -68,6 +68,21 @@ pub fn validate(cfg: &TrainerArgs) -> Result<(), String> {
     if cfg.data.dataset.is_text() && cfg.model.arch != ModelName::Gpt {
         return Err("--dataset synthetic_text and tokens need --model gpt".into());
     }
+    match (cfg.model.arch, &cfg.model.model_file) {
+        (ModelName::Torchscript, None) => {
+            return Err(
+                "--model torchscript needs --model-file (a module saved by torch.jit.save)".into(),
+            )
+        }
+        (ModelName::Torchscript, Some(_)) => {}
+        (m, Some(_)) => {
+            return Err(format!(
+                "--model-file is only for --model torchscript, not {}",
+                m.as_str()
+            ))
+        }
+        (_, None) => {}
+    }
     if cfg.model.arch == ModelName::Gpt
         && (cfg.model.heads <= 0 || cfg.model.hidden % cfg.model.heads != 0)
     {
@@ -95,7 +110,9 @@ pub fn validate(cfg: &TrainerArgs) -> Result<(), String> {
         ));
     }
     if cfg.data.dataset.from_files() && cfg.data.data_dir.is_none() {
-        return Err("--data-dir is required for cifar10, cifar100, mnist and tokens".into());
+        return Err(
+            "--data-dir is required for cifar10, cifar100, mnist, tokens and tensors".into(),
+        );
     }
     if cfg.model.arch.has_batch_norm() {
         if cfg.model.resnet_width <= 0 {

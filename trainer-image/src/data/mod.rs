@@ -1,10 +1,12 @@
 //! Datasets held in memory as tensors: synthetic images and text
 //! (deterministic by seed), CIFAR-10 and CIFAR-100 binary files, MNIST IDX
-//! files, and flat uint16 token files (nanoGPT's `train.bin`/`val.bin`).
+//! files, flat uint16 token files (nanoGPT's `train.bin`/`val.bin`), and
+//! tensors `x`/`y` in safetensors files.
 
 pub mod cifar;
 pub mod mnist;
 pub mod synthetic;
+pub mod tensors;
 pub mod tokens;
 
 use tch::{Device, Kind, Tensor};
@@ -20,6 +22,29 @@ pub enum DataShape {
     /// Token sequences of `context` tokens over `vocab`; targets are the
     /// inputs shifted by one.
     Text { context: i64, vocab: i64 },
+    /// Samples of any shape `sample` (a float tensor each) with `classes`
+    /// labels.
+    Tensors { sample: Vec<i64>, classes: i64 },
+}
+
+impl DataShape {
+    /// One sample's shape and the number of classes (none for text).
+    pub fn sample_and_classes(&self) -> Option<(Vec<i64>, i64)> {
+        match self {
+            DataShape::Image { chw, classes } => Some((chw.to_vec(), *classes)),
+            DataShape::Tensors { sample, classes } => Some((sample.clone(), *classes)),
+            DataShape::Text { .. } => None,
+        }
+    }
+
+    /// `[C, H, W]` and the number of classes, for images and for tensor
+    /// samples of three dimensions.
+    pub fn as_image(&self) -> Option<([i64; 3], i64)> {
+        match self.sample_and_classes()? {
+            (s, classes) if s.len() == 3 => Some(([s[0], s[1], s[2]], classes)),
+            _ => None,
+        }
+    }
 }
 
 /// A train split and a held-out eval split.
@@ -138,6 +163,7 @@ pub fn load(cfg: &TrainerArgs) -> Result<Dataset> {
             cfg.model.vocab,
             cfg.data.eval_fraction,
         )?,
+        DatasetName::Tensors => tensors::load(&dir()?, cfg.data.eval_fraction)?,
     };
     if ds.train_len() < cfg.optim.batch_size as usize {
         return Err(TrainerError::Data(format!(

@@ -6,6 +6,7 @@ pub mod cnn;
 pub mod gpt;
 pub mod mlp;
 pub mod resnet;
+pub mod script;
 
 use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
@@ -15,15 +16,34 @@ use crate::cli::{BatchNormMode, ModelArgs, ModelName};
 use crate::data::DataShape;
 use crate::error::{Result, TrainerError};
 
+/// A network: one of the built-ins, or a TorchScript module.
+pub enum Net {
+    Native(Box<dyn ModuleT>),
+    Scripted(script::Scripted),
+}
+
 /// A model: the network and how its output is scored.
 pub struct Model {
-    pub net: Box<dyn ModuleT>,
+    pub net: Net,
     pub shape: DataShape,
 }
 
 impl Model {
-    pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        self.net.forward_t(x, train)
+    /// Logits for the batch `x` (fails only for a TorchScript module that
+    /// cannot take `x`).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        match &self.net {
+            Net::Native(n) => Ok(n.forward_t(x, train)),
+            Net::Scripted(s) => s.forward(x, train),
+        }
+    }
+
+    /// The TorchScript module, for `--model torchscript`.
+    pub fn scripted(&self) -> Option<&script::Scripted> {
+        match &self.net {
+            Net::Scripted(s) => Some(s),
+            Net::Native(_) => None,
+        }
     }
 
     /// Mean cross-entropy over the local batch (over tokens for text).
@@ -63,38 +83,45 @@ pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot
             "--model {m} does not fit the dataset's shape {shape:?}"
         ))
     };
-    let net: Box<dyn ModuleT> = match (cfg.arch, shape) {
-        (ModelName::Mlp, DataShape::Image { chw, classes }) => {
-            Box::new(mlp::mlp(p, chw.iter().product(), cfg.hidden, *classes))
+    let net: Box<dyn ModuleT> = match (cfg.arch, shape, shape.as_image()) {
+        (ModelName::Torchscript, _, _) => {
+            let (sample, classes) = shape
+                .sample_and_classes()
+                .ok_or_else(|| mismatch("torchscript (needs class labels)"))?;
+            let file = cfg.model_file.as_ref().ok_or_else(|| {
+                TrainerError::Config("--model torchscript needs --model-file".into())
+            })?;
+            let s = script::Scripted::load(p, file)?;
+            s.check_output(&sample, classes, p.device())?;
+            return Ok(Model {
+                net: Net::Scripted(s),
+                shape: shape.clone(),
+            });
         }
-        (ModelName::SimpleCnn, DataShape::Image { chw, classes }) => {
-            Box::new(cnn::simple_cnn(p, *chw, cfg.hidden, *classes))
+        (ModelName::Mlp, _, _) => {
+            let (sample, classes) = shape
+                .sample_and_classes()
+                .ok_or_else(|| mismatch("mlp (needs class labels)"))?;
+            Box::new(mlp::mlp(p, sample.iter().product(), cfg.hidden, classes))
         }
-        (ModelName::Resnet18, DataShape::Image { chw, classes }) => {
+        (ModelName::SimpleCnn, _, Some((chw, classes))) => {
+            Box::new(cnn::simple_cnn(p, chw, cfg.hidden, classes))
+        }
+        (ModelName::Resnet18 | ModelName::Resnet50, _, Some((chw, classes))) => {
             if chw[0] != 3 {
-                return Err(mismatch("resnet18 (needs 3 channels)"));
+                return Err(mismatch(&format!(
+                    "{} (needs 3 channels)",
+                    cfg.arch.as_str()
+                )));
             }
-            Box::new(resnet::resnet(
-                p,
-                resnet::Depth::R18,
-                cfg.resnet_width,
-                *classes,
-                sync,
-            ))
+            let depth = if cfg.arch == ModelName::Resnet18 {
+                resnet::Depth::R18
+            } else {
+                resnet::Depth::R50
+            };
+            Box::new(resnet::resnet(p, depth, cfg.resnet_width, classes, sync))
         }
-        (ModelName::Resnet50, DataShape::Image { chw, classes }) => {
-            if chw[0] != 3 {
-                return Err(mismatch("resnet50 (needs 3 channels)"));
-            }
-            Box::new(resnet::resnet(
-                p,
-                resnet::Depth::R50,
-                cfg.resnet_width,
-                *classes,
-                sync,
-            ))
-        }
-        (ModelName::Gpt, DataShape::Text { context, vocab }) => Box::new(gpt::gpt(
+        (ModelName::Gpt, DataShape::Text { context, vocab }, _) => Box::new(gpt::gpt(
             p,
             gpt::GptConfig {
                 vocab: *vocab,
@@ -104,10 +131,10 @@ pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot
                 width: cfg.hidden,
             },
         )),
-        (m, _) => return Err(mismatch(&format!("{m:?}"))),
+        (m, _, _) => return Err(mismatch(m.as_str())),
     };
     Ok(Model {
-        net,
+        net: Net::Native(net),
         shape: shape.clone(),
     })
 }

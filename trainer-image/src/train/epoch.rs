@@ -59,7 +59,7 @@ impl Trainer<'_> {
             let (mut correct, mut count, mut loss) = (0.0, 0.0, 0.0);
             for chunk in mine.chunks(256) {
                 let (x, y) = p.data.eval_batch(chunk, p.device);
-                let logits = p.model.forward(&x, false);
+                let logits = p.model.forward(&x, false)?;
                 let (c, k, l) = p.model.score(&logits, &y);
                 correct += c;
                 count += k;

@@ -266,10 +266,12 @@ impl<'a> Trainer<'a> {
         self.save()?;
         self.p.mx.set_finished();
         if self.cfg.dist.rank == 0 {
-            write_weights(
-                &self.cfg.output.output_dir.join("model.safetensors"),
-                &self.p.all_vars,
-            )?;
+            let out = &self.cfg.output.output_dir;
+            write_weights(&out.join("model.safetensors"), &self.p.all_vars)?;
+            if let Some(s) = self.p.model.scripted() {
+                // The module itself, with the trained parameters.
+                s.save(&out.join("model.pt"), self.p.flat.kind())?;
+            }
         }
         if let Some(pg) = self.pg {
             pg.barrier()?;

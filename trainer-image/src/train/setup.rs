@@ -299,10 +299,14 @@ impl Parts {
         let (all_vars, trainable) = named_vars(&vs);
         let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
         let flat = FlatParams::new(&params)?;
+        let fingerprint = Fingerprint {
+            model_file: model.scripted().map(|s| s.digest.clone()),
+            ..Fingerprint::of(cfg, data.train_len())
+        };
         let parts = Parts {
             device,
             mx,
-            fingerprint: Fingerprint::of(cfg, data.train_len()),
+            fingerprint,
             data,
             hw_profile,
             steps_per_epoch: spe,

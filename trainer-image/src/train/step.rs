@@ -195,7 +195,7 @@ impl<'a> Trainer<'a> {
         if let Some(r) = &self.reducer {
             r.prepare_forward()?;
         }
-        let logits = self.p.model.forward(x, true);
+        let logits = self.p.model.forward(x, true)?;
         if let Some(msg) = self.p.group_slot.take_error() {
             return Err(TrainerError::Collective {
                 op: "batch_norm",

@@ -156,13 +156,18 @@ pub fn write_plan(path: &Path, generation: u64, sizes: &[u32]) {
     std::fs::rename(&tmp, path).expect("rename plan");
 }
 
-/// Python with torch/sklearn: $HETEROTRAIN_PYTHON or the project venv.
+/// Python with torch/sklearn: $HETEROTRAIN_PYTHON, else the project venv
+/// (`$HETEROTRAIN_CACHE/venv`, by default `~/.cache/heterotrain/venv`).
 pub fn python() -> PathBuf {
     if let Ok(p) = std::env::var("HETEROTRAIN_PYTHON") {
         return PathBuf::from(p);
     }
-    let home = std::env::var("HOME").expect("HOME");
-    PathBuf::from(home).join(".cache/heterotrain/venv/bin/python")
+    let cache = std::env::var_os("HETEROTRAIN_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/heterotrain")
+        });
+    cache.join("venv/bin/python")
 }
 
 /// The digits as MNIST IDX files (made once per test process, in a temp dir).
