@@ -23,7 +23,7 @@ nodes:
   - {name: slow, speed: 0.33, cpu: "1", memory: 4Gi}
 "#;
 
-const STEPS: u32 = 600;
+const STEPS: u32 = 800;
 const B: u32 = 128;
 
 fn repo() -> PathBuf {
@@ -160,7 +160,7 @@ async fn own_trainer_script_is_balanced_like_the_builtin() {
     let mut system = System::start(SystemOptions {
         operator_args: vec![
             "--scrape-interval=1".into(),
-            "--rebalance-interval=3".into(),
+            "--rebalance-interval=1".into(),
         ],
         verbose: true,
         ..SystemOptions::new("own", nodes)

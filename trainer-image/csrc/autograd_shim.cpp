@@ -21,12 +21,6 @@ namespace {
 // other ranks included), so the trainer can tell compute from waiting.
 std::atomic<int64_t> g_autograd_collective_ns{0};
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void allreduce_staged(HtGroup* g, at::Tensor& t) {
   int64_t start = steady_ns();
   bool staged = false;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -76,6 +77,13 @@ inline c10d::Backend& backend_for(HtGroup* g, const at::Tensor& t) {
 #endif
   (void)t;
   return *g->gloo;
+}
+
+// Monotonic nanoseconds, for the trainer's compute/wait split.
+inline int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace ht
