@@ -19,6 +19,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::run_policy::RunPolicy;
+
 /// Pattern of a decimal number written as a string, e.g. "0.1", "3e-4".
 pub const DECIMAL_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$";
 /// Pattern of a DNS-1123 label (worker group names become pod labels).
@@ -712,39 +714,6 @@ impl Default for CheckpointSpec {
     }
 }
 
-/// Restarts, deadlines, clean-up and suspension.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RunPolicy {
-    /// How many times the whole gang is recreated after a rank fails before
-    /// the job is marked Failed.
-    #[serde(default = "default_backoff")]
-    #[schemars(range(min = 0, max = 100))]
-    pub backoff_limit: u32,
-    /// Fail the job when it has been running longer than this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub active_deadline_seconds: Option<u64>,
-    /// Delete the job this long after it finished.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_seconds_after_finished: Option<u32>,
-    /// Stop the pods but keep plan and checkpoints; set back to false to resume.
-    #[serde(default)]
-    pub suspend: bool,
-    /// Seconds one collective (a gradient bucket, the plan agreement, a
-    /// checkpoint's gather) may take before the ranks give up and exit: how
-    /// long a hung or stopped rank can stall the gang before it is
-    /// restarted. Default 300.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 10, max = 86400))]
-    pub collective_timeout_seconds: Option<u32>,
-    /// Seconds the ranks wait for each other at start-up before failing
-    /// (naming the ranks that did not arrive). Default 300.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 10, max = 86400))]
-    pub rendezvous_timeout_seconds: Option<u32>,
-}
-
 /// What the operator reports.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -780,9 +749,16 @@ pub struct HeteroTrainingJobStatus {
     /// Balance of per-rank compute time per step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance: Option<BalanceStatus>,
-    /// Times the gang was recreated after a failure.
+    /// Times the gang was recreated, for any cause (also the gang
+    /// generation in each pod's `heterotrain.dev/restart` label).
     #[serde(default)]
     pub restarts: u32,
+    /// How many of `restarts` were caused by a disruption — a rank evicted,
+    /// deleted, preempted, marked `DisruptionTarget`, or stopped by SIGTERM
+    /// (exit 0 before training ended) — rather than a failure. They do not
+    /// count toward `runPolicy.backoffLimit`: `restarts - disruptions` does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disruptions: u32,
     /// When the gang first started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -872,19 +848,6 @@ pub struct RebalanceStatus {
     /// Local batches of the plan.
     #[serde(default)]
     pub batch_sizes: Vec<u32>,
-}
-
-impl Default for RunPolicy {
-    fn default() -> Self {
-        RunPolicy {
-            backoff_limit: default_backoff(),
-            active_deadline_seconds: None,
-            ttl_seconds_after_finished: None,
-            suspend: false,
-            collective_timeout_seconds: None,
-            rendezvous_timeout_seconds: None,
-        }
-    }
 }
 
 impl HeteroTrainingJobSpec {
@@ -984,8 +947,8 @@ fn default_checkpoint_every() -> u32 {
 fn default_checkpoint_path() -> String {
     "/checkpoints".into()
 }
-fn default_backoff() -> u32 {
-    3
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -6,11 +6,13 @@ pub mod job;
 pub mod metrics;
 pub mod plan;
 pub mod profile;
+pub mod run_policy;
 pub mod trainer;
 
 pub use job::*;
 pub use plan::{BatchPlan, PlanError, PLAN_KEY};
 pub use profile::{DeviceInfo, DeviceKind, HardwareProfile, ProfileError, ProfilePoint};
+pub use run_policy::STOPPED_BY_SIGNAL;
 pub use trainer::TrainerArgs;
 
 /// The CustomResourceDefinition as YAML, exactly as `make crds` writes it to

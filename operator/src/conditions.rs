@@ -46,6 +46,7 @@ pub mod reasons {
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     pub const RANK_FAILED: &str = "RankFailed";
     pub const GANG_RESTARTING: &str = "GangRestarting";
+    pub const PERMANENT_EXIT_CODE: &str = "PermanentExitCode";
     pub const SUSPENDED: &str = "Suspended";
     pub const RESUMED: &str = "Resumed";
     pub const IMMUTABLE_FIELD_CHANGED: &str = "ImmutableFieldChanged";

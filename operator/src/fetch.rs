@@ -2,12 +2,16 @@
 //! pod to the facts the lifecycle stage decides on.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::error::Result;
 use crate::names::{self, labels};
 use crate::plan;
+
+/// The pod condition Kubernetes (1.26+) sets before it disrupts a pod.
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
 /// Coarse pod phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +39,14 @@ pub struct RankPod {
     pub exit_code: Option<i32>,
     pub reason: Option<String>,
     pub message: Option<String>,
+    /// When the trainer container terminated.
+    pub finished_at: Option<Time>,
+    /// The pod's own `status.reason` (`Evicted` after a kubelet eviction).
+    pub pod_reason: Option<String>,
+    /// The reason of the pod's `DisruptionTarget` condition when it is True
+    /// (Kubernetes 1.26+: `EvictionByEvictionAPI`, `PreemptionByScheduler`,
+    /// `DeletionByTaintManager`, `DeletionByPodGC`, `TerminationByKubelet`).
+    pub disruption_target: Option<String>,
     /// The spec-hash annotation.
     pub spec_hash: Option<String>,
     /// UID of the pod's controller (the job that created it).
@@ -81,6 +93,15 @@ impl RankPod {
             message: terminated
                 .and_then(|t| t.message.clone())
                 .or_else(|| status.and_then(|s| s.message.clone())),
+            finished_at: terminated.and_then(|t| t.finished_at.clone()),
+            pod_reason: status.and_then(|s| s.reason.clone()),
+            disruption_target: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c.type_ == DISRUPTION_TARGET && c.status == "True")
+                })
+                .map(|c| c.reason.clone().unwrap_or_else(|| DISRUPTION_TARGET.into())),
             spec_hash: pod.annotations().get(names::SPEC_HASH_ANNOTATION).cloned(),
             controller_uid: pod
                 .owner_references()

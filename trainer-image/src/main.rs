@@ -50,6 +50,7 @@ fn run(cli: Cli) {
                             "rank {}: stopped by signal after step {}, checkpoint written",
                             cfg.dist.rank, s.steps
                         );
+                        note_stop(s.steps);
                     }
                 }
                 Err(e) => {
@@ -64,6 +65,23 @@ fn run(cli: Cli) {
                 std::process::exit(1);
             }
         }
+    }
+}
+
+/// In a pod, say in the termination message that this exit 0 is a stop on
+/// SIGTERM, not the end of training: the operator then recreates the gang
+/// without counting it toward `backoffLimit`.
+fn note_stop(steps: u64) {
+    let path = std::path::Path::new("/dev/termination-log");
+    if !path.exists() {
+        return;
+    }
+    let note = format!(
+        "{} after step {steps}, checkpoint written",
+        heterotrain_crds::STOPPED_BY_SIGNAL
+    );
+    if let Err(e) = std::fs::write(path, note) {
+        eprintln!("warning: cannot write {}: {e}", path.display());
     }
 }
 

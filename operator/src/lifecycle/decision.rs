@@ -49,6 +49,8 @@ pub struct Decision {
     pub create_ranks: Vec<u32>,
     /// `status.restarts` after this decision.
     pub restarts: u32,
+    /// `status.disruptions` after this decision.
+    pub disruptions: u32,
     pub start_time: StartTime,
     /// Set `completionTime` (if not yet set).
     pub complete: bool,
@@ -62,13 +64,14 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub(super) fn new(phase: JobPhase, restarts: u32) -> Decision {
+    pub(super) fn new(phase: JobPhase, restarts: u32, disruptions: u32) -> Decision {
         Decision {
             phase,
             conditions: Vec::new(),
             delete_pods: Vec::new(),
             create_ranks: Vec::new(),
             restarts,
+            disruptions,
             start_time: StartTime::Keep,
             complete: false,
             delete_job: false,

@@ -4,6 +4,7 @@
 //! Events say so. No client, no clock (the caller passes `now`).
 
 mod decision;
+mod outcome;
 
 use std::time::Duration;
 
@@ -26,24 +27,6 @@ fn live(p: &RankPod) -> bool {
     !p.deleting && matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown)
 }
 
-fn failure_text(p: &RankPod) -> String {
-    let rank = p.rank.map_or_else(|| "?".to_string(), |r| r.to_string());
-    let mut s = format!("rank {rank} (pod {})", p.name);
-    match (p.exit_code, p.phase) {
-        (Some(code), _) => s.push_str(&format!(" exited with code {code}")),
-        (None, Phase::Failed) => s.push_str(" failed"),
-        _ => s.push_str(" was lost"),
-    }
-    if let Some(r) = &p.reason {
-        s.push_str(&format!(", reason {r}"));
-    }
-    if let Some(m) = p.message.as_deref().filter(|m| !m.is_empty()) {
-        let m: String = m.chars().take(200).collect();
-        s.push_str(&format!(": {m}"));
-    }
-    s
-}
-
 /// Decide the next step for a job whose spec passed validation.
 pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     let status = v.status();
@@ -51,6 +34,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     let spec = v.spec();
     let rp = &spec.run_policy;
     let restarts = status.restarts;
+    let disruptions = status.disruptions;
     let world = v.world_size;
     let all_names: Vec<String> = obs
         .pods
@@ -77,6 +61,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
                 JobPhase::Failed
             },
             restarts,
+            disruptions,
         );
         d.delete_pods = live_names;
         d.complete = true;
@@ -98,7 +83,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         return d;
     }
 
-    let mut d = Decision::new(JobPhase::Pending, restarts);
+    let mut d = Decision::new(JobPhase::Pending, restarts, disruptions);
     d.conditions.push(Desired::no(
         types::FAILED,
         reasons::SPEC_ACCEPTED,
@@ -159,10 +144,6 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         d.requeue(Duration::from_secs(1));
         return d;
     }
-    if current.iter().any(|p| p.deleting) {
-        d.requeue(Duration::from_secs(1));
-        return d;
-    }
 
     // Immutable fields changed under a running gang: say so, keep running.
     let changed: Vec<&str> = current
@@ -197,48 +178,19 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     let started = current
         .iter()
         .any(|p| matches!(p.phase, Phase::Running | Phase::Succeeded | Phase::Failed));
-    let failed = current
-        .iter()
-        .filter(|p| p.phase == Phase::Failed)
-        .min_by_key(|p| p.rank);
-
-    let failure = match (failed, missing.first()) {
-        (Some(p), _) => Some(failure_text(p)),
-        (None, Some(&r)) if started => Some(format!(
+    let lost = missing.first().filter(|_| started).map(|&r| {
+        format!(
             "rank {r} (pod {}) was lost (deleted or gone with its node)",
             names::pod_name(&v.name, r)
-        )),
-        _ => None,
-    };
-    if let Some(why) = failure {
-        let still: Vec<String> = current
-            .iter()
-            .filter(|p| live(p))
-            .map(|p| p.name.clone())
-            .collect();
-        if restarts < rp.backoff_limit {
-            d.restarts = restarts + 1;
-            d.delete_pods = current.iter().map(|p| p.name.clone()).collect();
-            let msg = format!(
-                "{why}; recreating the gang from the latest checkpoint (restart {} of backoffLimit {})",
-                restarts + 1,
-                rp.backoff_limit
-            );
-            d.conditions.push(Desired::no(
-                types::RUNNING,
-                reasons::GANG_RESTARTING,
-                msg.clone(),
-            ));
-            d.event(true, reasons::GANG_RESTARTING, msg);
-            d.requeue(Duration::from_secs(1));
-        } else {
-            let msg = format!(
-                "{why}; backoffLimit {} reached after {restarts} restart(s)",
-                rp.backoff_limit
-            );
-            d.fail(reasons::BACKOFF_LIMIT_EXCEEDED, msg, still);
-        }
+        )
+    });
+    let (cause, wait) = outcome::cause(rp, &current, lost, now);
+    if let Some(cause) = cause {
+        outcome::apply(&mut d, rp, &current, cause);
         return d;
+    }
+    if let Some(w) = wait {
+        d.requeue(w);
     }
 
     if !missing.is_empty() {

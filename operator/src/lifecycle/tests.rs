@@ -215,62 +215,6 @@ fn a_plan_that_leaves_a_rank_out_is_reported_in_status() {
 }
 
 #[test]
-fn failed_rank_with_backoff_left_restarts_the_gang() {
-    let c = Case::load("failed");
-    let (d, s) = c.run();
-    let msg = "rank 1 (pod lc-1) exited with code 1, reason Error: loss is NaN; \
-               recreating the gang from the latest checkpoint (restart 1 of backoffLimit 2)";
-    assert_eq!(d.phase, JobPhase::Pending);
-    assert_eq!(d.restarts, 1);
-    assert_eq!(d.delete_pods, names(&["lc-0", "lc-1"]));
-    assert!(d.create_ranks.is_empty());
-    assert!(!d.complete && !d.balance);
-    assert_eq!(d.requeue_after, Some(Duration::from_secs(1)));
-    assert_eq!(events(&d), [(true, "GangRestarting", msg)]);
-    assert_eq!(
-        conditions(&s),
-        [
-            ("Failed", "False", "SpecAccepted"),
-            ("Created", "True", "GangCreated"),
-            ("Running", "False", "GangRestarting"),
-        ]
-    );
-    assert_eq!(message(&s, "Running"), msg);
-    assert_eq!(s.restarts, 1);
-    assert_eq!(s.phase.as_deref(), Some("Pending"));
-    assert_eq!(s.completion_time, None);
-    // The old gang's pods are not ready pods of the new one.
-    assert_eq!(s.groups[0].ready, 0);
-}
-
-#[test]
-fn failed_rank_past_backoff_limit_fails_the_job() {
-    let c = Case::load("backoff_exhausted");
-    let (d, s) = c.run();
-    let msg = "rank 0 (pod lc-0) exited with code 137, reason OOMKilled; \
-               backoffLimit 2 reached after 2 restart(s)";
-    assert_eq!(d.phase, JobPhase::Failed);
-    assert_eq!(d.restarts, 2);
-    // Only the live rank is stopped; the failed pod stays for its logs.
-    assert_eq!(d.delete_pods, names(&["lc-1"]));
-    assert!(d.complete);
-    assert!(!d.delete_job && !d.balance);
-    assert_eq!(d.requeue_after, None);
-    assert_eq!(events(&d), [(true, "BackoffLimitExceeded", msg)]);
-    assert_eq!(
-        conditions(&s),
-        [
-            ("Failed", "True", "BackoffLimitExceeded"),
-            ("Created", "True", "GangCreated"),
-            ("Running", "False", "BackoffLimitExceeded"),
-        ]
-    );
-    assert_eq!(message(&s, "Failed"), msg);
-    assert_eq!(s.phase.as_deref(), Some("Failed"));
-    assert_eq!(s.completion_time, Some(c.now.clone()));
-}
-
-#[test]
 fn suspended_job_stops_its_pods() {
     let c = Case::load("suspended");
     let (d, s) = c.run();
@@ -405,3 +349,5 @@ fn finished_job_is_deleted_after_its_ttl() {
     assert!(d.events.is_empty());
     assert_eq!(d.requeue_after, Some(Duration::from_secs(40)));
 }
+
+mod restarts;

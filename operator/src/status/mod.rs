@@ -84,6 +84,7 @@ pub fn next(
     s.observed_generation = generation;
     s.ranks = v.world_size;
     s.restarts = d.restarts;
+    s.disruptions = d.disruptions;
     match d.start_time {
         StartTime::Keep => {}
         StartTime::SetNow => s.start_time = Some(now.clone()),

@@ -309,12 +309,27 @@ class HeteroTrain:
             self.step_done()
         if self.finished:
             self.metrics.set_finished()
+        elif self.stopped:
+            _note_stop(self.step)
         if self.source is not None:
             self.source.close()
 
     def close(self) -> None:
         self.finish()
         self.metrics.close()
+
+
+def _note_stop(step: int, path: str = "/dev/termination-log") -> None:
+    """In a pod, say in the termination message that the coming exit 0 is a
+    stop on SIGTERM, not the end of training: the operator then recreates
+    the gang without counting it toward ``backoffLimit``."""
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(f"heterotrain: stopped by signal after step {step}")
+    except OSError as e:
+        print(f"heterotrain: cannot write {path}: {e}", file=sys.stderr, flush=True)
 
 
 def fetch(dataset, idx: List[int], collate_fn=None):

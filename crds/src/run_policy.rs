@@ -1,0 +1,92 @@
+//! `spec.runPolicy`: restarts, the exit codes that are not worth a
+//! restart, deadlines, clean-up and suspension.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a trainer that stopped early on SIGTERM (a drain, an eviction, a
+/// preemption) begins its termination message (`/dev/termination-log`):
+/// it exits 0 after its checkpoint, which is not the end of training.
+pub const STOPPED_BY_SIGNAL: &str = "heterotrain: stopped by signal";
+
+/// Restarts, deadlines, clean-up and suspension.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPolicy {
+    /// How many times the whole gang is recreated after a rank fails before
+    /// the job is marked Failed. Only failures count (`status.restarts`
+    /// minus `status.disruptions`): a gang recreated because a rank was
+    /// evicted, deleted, preempted or stopped by SIGTERM does not.
+    #[serde(default = "default_backoff")]
+    #[schemars(range(min = 0, max = 100))]
+    pub backoff_limit: u32,
+    /// Trainer exit codes that fail the job at once, without a restart
+    /// (reason `PermanentExitCode`): errors a restart cannot fix. Every
+    /// other non-zero code is retried within `backoffLimit`. Default
+    /// `[2, 126, 127]`: 2 is a usage error (bad flags, as clap and argparse
+    /// exit), 126 and 127 a command that cannot run or is not found. Set
+    /// `[]` to retry every code.
+    #[serde(default = "default_permanent_exit_codes")]
+    #[schemars(length(max = 32))]
+    pub permanent_exit_codes: Vec<i32>,
+    /// Fail the job when it has been running longer than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<u64>,
+    /// Delete the job this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u32>,
+    /// Stop the pods but keep plan and checkpoints; set back to false to resume.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Seconds one collective (a gradient bucket, the plan agreement, a
+    /// checkpoint's gather) may take before the ranks give up and exit: how
+    /// long a hung or stopped rank can stall the gang before it is
+    /// restarted. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub collective_timeout_seconds: Option<u32>,
+    /// Seconds the ranks wait for each other at start-up before failing
+    /// (naming the ranks that did not arrive). Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub rendezvous_timeout_seconds: Option<u32>,
+}
+
+/// The trainer's collective timeout when `collectiveTimeoutSeconds` is unset.
+pub const DEFAULT_COLLECTIVE_TIMEOUT_SECONDS: u32 = 300;
+
+impl RunPolicy {
+    /// Whether a rank exiting with `code` fails the job without a restart.
+    pub fn is_permanent(&self, code: i32) -> bool {
+        code != 0 && self.permanent_exit_codes.contains(&code)
+    }
+
+    /// `collectiveTimeoutSeconds` or its default.
+    pub fn collective_timeout(&self) -> u32 {
+        self.collective_timeout_seconds
+            .unwrap_or(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
+    }
+}
+
+impl Default for RunPolicy {
+    fn default() -> Self {
+        RunPolicy {
+            backoff_limit: default_backoff(),
+            permanent_exit_codes: default_permanent_exit_codes(),
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
+            suspend: false,
+            collective_timeout_seconds: None,
+            rendezvous_timeout_seconds: None,
+        }
+    }
+}
+
+fn default_backoff() -> u32 {
+    3
+}
+
+fn default_permanent_exit_codes() -> Vec<i32> {
+    vec![2, 126, 127]
+}

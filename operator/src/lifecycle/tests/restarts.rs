@@ -1,0 +1,243 @@
+//! Gang restarts: failures counted toward `backoffLimit`, disruptions
+//! (eviction, deletion, `DisruptionTarget`, a SIGTERM stop) not counted,
+//! and permanent exit codes that fail the job at once.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::SignedDuration;
+
+use super::*;
+
+#[test]
+fn failed_rank_with_backoff_left_restarts_the_gang() {
+    let c = Case::load("failed");
+    let (d, s) = c.run();
+    let msg = "rank 1 (pod lc-1) exited with code 1, reason Error: loss is NaN; \
+               recreating the gang from the latest checkpoint (restart 1 of backoffLimit 2)";
+    assert_eq!(d.phase, JobPhase::Pending);
+    assert_eq!(d.restarts, 1);
+    assert_eq!(d.delete_pods, names(&["lc-0", "lc-1"]));
+    assert!(d.create_ranks.is_empty());
+    assert!(!d.complete && !d.balance);
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(1)));
+    assert_eq!(events(&d), [(true, "GangRestarting", msg)]);
+    assert_eq!(
+        conditions(&s),
+        [
+            ("Failed", "False", "SpecAccepted"),
+            ("Created", "True", "GangCreated"),
+            ("Running", "False", "GangRestarting"),
+        ]
+    );
+    assert_eq!(message(&s, "Running"), msg);
+    assert_eq!(s.restarts, 1);
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    assert_eq!(s.completion_time, None);
+    // The old gang's pods are not ready pods of the new one.
+    assert_eq!(s.groups[0].ready, 0);
+}
+
+#[test]
+fn failed_rank_past_backoff_limit_fails_the_job() {
+    let c = Case::load("backoff_exhausted");
+    let (d, s) = c.run();
+    let msg = "rank 0 (pod lc-0) exited with code 137, reason OOMKilled; \
+               backoffLimit 2 reached after 2 restart(s)";
+    assert_eq!(d.phase, JobPhase::Failed);
+    assert_eq!(d.restarts, 2);
+    // Only the live rank is stopped; the failed pod stays for its logs.
+    assert_eq!(d.delete_pods, names(&["lc-1"]));
+    assert!(d.complete);
+    assert!(!d.delete_job && !d.balance);
+    assert_eq!(d.requeue_after, None);
+    assert_eq!(events(&d), [(true, "BackoffLimitExceeded", msg)]);
+    assert_eq!(
+        conditions(&s),
+        [
+            ("Failed", "True", "BackoffLimitExceeded"),
+            ("Created", "True", "GangCreated"),
+            ("Running", "False", "BackoffLimitExceeded"),
+        ]
+    );
+    assert_eq!(message(&s, "Failed"), msg);
+    assert_eq!(s.phase.as_deref(), Some("Failed"));
+    assert_eq!(s.completion_time, Some(c.now.clone()));
+}
+
+/// A restart that does not count: one more restart and one more
+/// disruption, `delete` deleted, a Normal Event and the Running message.
+fn assert_disruption(c: &Case, msg: &str, delete: &[&str]) {
+    let before = c.job.status.clone().unwrap_or_default();
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Pending);
+    assert_eq!(d.restarts, before.restarts + 1);
+    assert_eq!(d.disruptions, before.disruptions + 1);
+    assert_eq!(d.delete_pods, names(delete));
+    assert!(d.create_ranks.is_empty() && !d.complete && !d.balance);
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(1)));
+    assert_eq!(events(&d), [(false, "GangRestarting", msg)]);
+    assert_eq!(message(&s, "Running"), msg);
+    assert_eq!(
+        conditions(&s),
+        [
+            ("Failed", "False", "SpecAccepted"),
+            ("Created", "True", "GangCreated"),
+            ("Running", "False", "GangRestarting"),
+        ]
+    );
+    assert_eq!((s.restarts, s.disruptions), (d.restarts, d.disruptions));
+    let json = serde_json::to_value(&s).expect("json");
+    assert_eq!(json["disruptions"], serde_json::json!(d.disruptions));
+}
+
+#[test]
+fn an_evicted_rank_restarts_the_gang_uncounted() {
+    // backoffLimit 1 and one restart so far: a failure would end the job.
+    let c = Case::load("evicted");
+    assert_disruption(
+        &c,
+        "disruption (evicted) of rank 1: not counted toward backoffLimit; pod lc-1: \
+         The node was low on resource: memory.; recreating the gang from the latest \
+         checkpoint (restart 2; 1 of backoffLimit 1 used)",
+        &["lc-0", "lc-1"],
+    );
+    // The same pod failed without the eviction: counted, and the limit is reached.
+    let mut failed = Case::load("evicted");
+    failed.pods[1].status.as_mut().expect("status").reason = None;
+    let (d, s) = failed.run();
+    assert_eq!(d.phase, JobPhase::Failed);
+    assert_eq!(
+        cond::get(&s.conditions, "Failed").expect("Failed").reason,
+        "BackoffLimitExceeded"
+    );
+}
+
+#[test]
+fn a_disruption_target_rank_restarts_the_gang_uncounted() {
+    // Rank 1's exit 1 is the consequence of rank 0's eviction.
+    let c = Case::load("disruption_target");
+    assert_disruption(
+        &c,
+        "disruption (evicted, DisruptionTarget EvictionByEvictionAPI) of rank 0: not counted \
+         toward backoffLimit; pod lc-0; recreating the gang from the latest checkpoint \
+         (restart 1; 0 of backoffLimit 2 used)",
+        &["lc-0", "lc-1"],
+    );
+}
+
+#[test]
+fn a_deleted_rank_restarts_the_gang_uncounted() {
+    let c = Case::load("deleted");
+    assert_disruption(
+        &c,
+        "disruption (deleted) of rank 1: not counted toward backoffLimit; pod lc-1; \
+         recreating the gang from the latest checkpoint (restart 1; 0 of backoffLimit 2 used)",
+        &["lc-0"],
+    );
+}
+
+#[test]
+fn a_rank_stopped_by_sigterm_restarts_the_gang_uncounted() {
+    let c = Case::load("sigterm_exit0");
+    assert_disruption(
+        &c,
+        "disruption (stopped by SIGTERM) of rank 1: not counted toward backoffLimit; pod lc-1: \
+         heterotrain: stopped by signal after step 40, checkpoint written; recreating the gang \
+         from the latest checkpoint (restart 1; 0 of backoffLimit 2 used)",
+        &["lc-0", "lc-1"],
+    );
+    // Every rank stopped (they agree on the stop): still not the end of training.
+    let mut all = Case::load("sigterm_exit0");
+    all.pods[0] = all.pods[1].clone();
+    all.pods[0].metadata.name = Some("lc-0".into());
+    if let Some(l) = all.pods[0].metadata.labels.as_mut() {
+        l.insert("heterotrain.dev/rank".into(), "0".into());
+    }
+    let (d, _) = all.run();
+    assert_eq!(
+        (d.phase, d.restarts, d.disruptions),
+        (JobPhase::Pending, 1, 1)
+    );
+}
+
+#[test]
+fn a_rank_that_exited_0_waits_for_the_others_then_counts_as_stopped() {
+    // No stop message: 10 s after it exited, the others may be finishing.
+    let mut c = Case::load("sigterm_exit0");
+    let state = c.pods[1]
+        .status
+        .as_mut()
+        .and_then(|s| s.container_statuses.as_mut())
+        .and_then(|cs| cs[0].state.as_mut())
+        .and_then(|s| s.terminated.as_mut())
+        .expect("terminated");
+    state.message = None;
+    let (d, _) = c.run();
+    assert_eq!((d.restarts, d.disruptions), (0, 0));
+    assert!(d.delete_pods.is_empty() && d.events.is_empty());
+    // Wait out the default collective timeout (300 s) after it exited.
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(290)));
+    // Past it, rank 0 still runs: the exit was a stop.
+    let later = Time(c.now.0 + SignedDuration::from_secs(290));
+    let (d, _) = c.run_at(&later);
+    assert_eq!((d.restarts, d.disruptions), (1, 1));
+    assert_eq!(d.delete_pods, names(&["lc-0", "lc-1"]));
+    assert!(d.events[0]
+        .note
+        .starts_with("disruption (exited 0 before the others finished) of rank 1: not counted"));
+}
+
+#[test]
+fn a_permanent_exit_code_fails_the_job_without_a_restart() {
+    let c = Case::load("permanent");
+    let (d, s) = c.run();
+    let msg = "rank 1 (pod lc-1) exited with code 2, reason Error: error: unexpected argument \
+               '--bogus' found; exit code 2 is permanent (runPolicy.permanentExitCodes): the job \
+               is not restarted";
+    assert_eq!(d.phase, JobPhase::Failed);
+    assert_eq!((d.restarts, d.disruptions), (0, 0));
+    assert_eq!(d.delete_pods, names(&["lc-0"]));
+    assert!(d.complete);
+    assert_eq!(events(&d), [(true, "PermanentExitCode", msg)]);
+    assert_eq!(
+        conditions(&s),
+        [
+            ("Failed", "True", "PermanentExitCode"),
+            ("Created", "True", "GangCreated"),
+            ("Running", "False", "PermanentExitCode"),
+        ]
+    );
+    assert_eq!(message(&s, "Failed"), msg);
+    assert_eq!(s.phase.as_deref(), Some("Failed"));
+
+    // With no permanent codes, 2 is retried like any other.
+    let mut retry = Case::load("permanent");
+    retry.job.spec.run_policy.permanent_exit_codes = Vec::new();
+    let (d, _) = retry.run();
+    assert_eq!(
+        (d.phase, d.restarts, d.disruptions),
+        (JobPhase::Pending, 1, 0)
+    );
+    assert!(d.events[0].note.ends_with("(restart 1 of backoffLimit 3)"));
+}
+
+#[test]
+fn disruptions_do_not_use_up_the_backoff_limit() {
+    // Two restarts, one of them a disruption: one failure of 2 used.
+    let mut c = Case::load("backoff_exhausted");
+    c.job.status.as_mut().expect("status").disruptions = 1;
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Pending);
+    assert_eq!((d.restarts, d.disruptions), (3, 1));
+    assert_eq!(
+        events(&d),
+        [(
+            true,
+            "GangRestarting",
+            "rank 0 (pod lc-0) exited with code 137, reason OOMKilled; recreating the gang \
+             from the latest checkpoint (restart 2 of backoffLimit 2; restart 3 in all)"
+        )]
+    );
+    assert_eq!((s.restarts, s.disruptions), (3, 1));
+}
