@@ -43,7 +43,8 @@ impl Context {
             },
         );
         Arc::new(Context {
-            scraper: Scraper::new(config.scrape_timeout),
+            scraper: Scraper::new(config.scrape_timeout)
+                .with_max_body(config.scrape_max_body_bytes),
             client,
             config,
             metrics,

@@ -36,6 +36,14 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A rank's metrics answer was larger than the operator reads.
+    #[error("metrics of {target}: body larger than {limit} bytes")]
+    ScrapeTooLarge {
+        /// URL that answered too much.
+        target: String,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The HeteroTrainingJob CRD is not installed.
     #[error("CustomResourceDefinition heterotrainingjobs.heterotrain.dev is not installed; apply crds/heterotrainingjob.yaml (or the Helm chart) first")]
     CrdMissing,
@@ -57,6 +65,7 @@ impl Error {
             Error::MissingField(_) => "missing_field",
             Error::Balancer(_) => "balancer",
             Error::Scrape { .. } => "scrape",
+            Error::ScrapeTooLarge { .. } => "scrape_too_large",
             Error::CrdMissing => "crd_missing",
         }
     }
