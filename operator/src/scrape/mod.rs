@@ -119,6 +119,8 @@ impl RankMetrics {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod limit_tests;
 #[cfg(test)]
 mod tests;
