@@ -44,6 +44,9 @@ pub enum Error {
         /// The limit in bytes.
         limit: usize,
     },
+    /// This replica lost the leader Lease (the process exits to be restarted).
+    #[error("lost the leader Lease: {0}")]
+    LeaseLost(String),
     /// The HeteroTrainingJob CRD is not installed.
     #[error("CustomResourceDefinition heterotrainingjobs.heterotrain.dev is not installed; apply crds/heterotrainingjob.yaml (or the Helm chart) first")]
     CrdMissing,
@@ -66,6 +69,7 @@ impl Error {
             Error::Balancer(_) => "balancer",
             Error::Scrape { .. } => "scrape",
             Error::ScrapeTooLarge { .. } => "scrape_too_large",
+            Error::LeaseLost(_) => "lease_lost",
             Error::CrdMissing => "crd_missing",
         }
     }
