@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
+.PHONY: help setup test fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -34,6 +34,13 @@ test: lint ## formatting, lints and every test (unit, real API server, real c10d
 	@echo "==> python: heterotrain library (real Gloo ranks)"
 	@$(ENV) "$$HETEROTRAIN_PYTHON" -m unittest discover -s trainer-image/python/tests -v
 	@echo "==> all tests passed"
+
+FUZZ_CASES ?= 1000000
+
+fuzz: setup ## fuzz the plan parser, the exposition parser and spec validation, $(FUZZ_CASES) inputs each (release)
+	@echo "==> fuzz: $(FUZZ_CASES) generated inputs per target (cargo test --release … fuzz_)"
+	@$(ENV) HETEROTRAIN_FUZZ_CASES=$(FUZZ_CASES) cargo test --release -p heterotrain-crds -p heterotrain-operator --lib fuzz_ -- --test-threads=2
+	@echo "==> fuzzing found no panic"
 
 fmt: ## format the code
 	@cargo fmt --all

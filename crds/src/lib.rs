@@ -24,3 +24,6 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
         "# Generated from crds/src/job.rs by `make crds`; do not edit by hand.\n{body}"
     ))
 }
+
+#[cfg(test)]
+mod plan_fuzz;

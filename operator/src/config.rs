@@ -23,6 +23,9 @@ pub struct OperatorConfig {
     pub scrape_interval: Duration,
     /// Timeout of one scrape / Prometheus query.
     pub scrape_timeout: Duration,
+    /// Largest `/metrics` (or Prometheus answer) body read, in bytes; a
+    /// larger one is cut off and counts as no metrics for that round.
+    pub scrape_max_body_bytes: usize,
     /// Least time between two balancing decisions of one job: a floor on top
     /// of the job's `loadBalancing.rebalanceIntervalSteps` (a decision needs
     /// both), checked at each scrape.
@@ -64,6 +67,7 @@ impl Default for OperatorConfig {
             .into(),
             scrape_interval: Duration::from_secs(10),
             scrape_timeout: Duration::from_secs(3),
+            scrape_max_body_bytes: crate::scrape::DEFAULT_MAX_BODY_BYTES,
             rebalance_interval: Duration::from_secs(30),
             concurrency: 16,
             balancer_window: 8,

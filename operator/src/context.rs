@@ -12,6 +12,7 @@ use kube::Client;
 
 use crate::config::OperatorConfig;
 use crate::events::{self, EventSpec};
+use crate::leader::health::LeaseHealth;
 use crate::metrics::Metrics;
 use crate::names::labels;
 use crate::rebalance::{Deps, JobKey, Rebalancer};
@@ -28,6 +29,8 @@ pub struct Context {
     pub(crate) rebalancer: Rebalancer,
     /// Consecutive failed reconciles per job.
     failures: Mutex<HashMap<JobKey, u32>>,
+    /// The leader Lease's renewals (for `/healthz`).
+    pub lease: LeaseHealth,
     /// The CRD was found (for `/readyz`).
     pub ready: AtomicBool,
 }
@@ -43,7 +46,9 @@ impl Context {
             },
         );
         Arc::new(Context {
-            scraper: Scraper::new(config.scrape_timeout),
+            lease: LeaseHealth::new(config.lease_duration),
+            scraper: Scraper::new(config.scrape_timeout)
+                .with_max_body(config.scrape_max_body_bytes),
             client,
             config,
             metrics,

@@ -17,12 +17,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tracing::{info, warn, Instrument};
+use tracing::{error, info, warn, Instrument};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::guard;
-use crate::leader::LeaderElector;
+use crate::leader::{LeaderElector, LeaseEnd};
 use crate::names::labels;
 use crate::rebalance::JobKey;
 use crate::reconcile::reconcile;
@@ -113,7 +113,9 @@ pub async fn run_controller(
 }
 
 /// Run the operator: wait for the CRD, then reconcile while holding the
-/// leader Lease, until `shutdown` resolves.
+/// leader Lease, until `shutdown` resolves (`Ok`) or the Lease is lost
+/// ([`Error::LeaseLost`]: the controller is aborted at once, so nothing more
+/// is written, and the binary exits non-zero to be restarted as a standby).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -127,37 +129,52 @@ pub async fn run(
     ctx.ready.store(true, Ordering::SeqCst);
     info!(identity = %ctx.config.identity, "CRD found; joining leader election");
     let elector = LeaderElector::new(&ctx.client, &ctx.config);
-    let mut stop = stop_rx.clone();
-    while !*stop.borrow() {
-        if !elector.wait_until_leader(stop_rx.clone()).await {
-            break;
-        }
-        ctx.metrics.leader.set(1);
-        info!(identity = %ctx.config.identity, "leading: starting the controller");
-        let (lost_tx, lost_rx) = watch::channel(false);
-        let renew = elector.keep_leading(stop_rx.clone(), lost_tx);
-        let ctl_stop = {
-            let mut lost = lost_rx.clone();
-            let mut s = stop_rx.clone();
-            async move {
-                tokio::select! {
-                    _ = lost.wait_for(|v| *v) => {},
-                    _ = s.wait_for(|v| *v) => {},
-                }
-            }
-        };
-        let ctl = tokio::spawn(
-            run_controller(ctx.clone(), ctl_stop).instrument(tracing::info_span!("controller")),
-        );
-        renew.await;
-        let _ = ctl.await;
-        ctx.metrics.leader.set(0);
-        ctx.rebalancer.clear();
-        if *stop.borrow_and_update() {
-            elector.release().await;
-            break;
-        }
-        warn!(identity = %ctx.config.identity, "lost the leader Lease; standing by");
+    if !elector.wait_until_leader(stop_rx.clone()).await {
+        return Ok(());
     }
-    Ok(())
+    ctx.metrics.leader.set(1);
+    info!(identity = %ctx.config.identity, "leading: starting the controller");
+    let (lost_tx, lost_rx) = watch::channel(false);
+    let ctl_stop = {
+        let mut lost = lost_rx.clone();
+        let mut s = stop_rx.clone();
+        async move {
+            tokio::select! {
+                _ = lost.wait_for(|v| *v) => {},
+                _ = s.wait_for(|v| *v) => {},
+            }
+        }
+    };
+    let ctl = tokio::spawn(
+        run_controller(ctx.clone(), ctl_stop).instrument(tracing::info_span!("controller")),
+    );
+    let end = elector.keep_leading(stop_rx, lost_tx, &ctx.lease).await;
+    let lost = match end {
+        LeaseEnd::Lost(why) => {
+            // Stop writing now: no graceful drain of in-flight reconciles.
+            ctl.abort();
+            Some(why)
+        }
+        LeaseEnd::Stopped => {
+            let _ = ctl.await;
+            None
+        }
+    };
+    ctx.lease.standing_by();
+    ctx.metrics.leader.set(0);
+    ctx.rebalancer.clear();
+    match lost {
+        Some(why) => {
+            error!(
+                identity = %ctx.config.identity,
+                reason = %why,
+                "lost the leader Lease; exiting so that the Deployment restarts this replica"
+            );
+            Err(Error::LeaseLost(why))
+        }
+        None => {
+            elector.release().await;
+            Ok(())
+        }
+    }
 }

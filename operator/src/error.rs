@@ -36,6 +36,17 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A rank's metrics answer was larger than the operator reads.
+    #[error("metrics of {target}: body larger than {limit} bytes")]
+    ScrapeTooLarge {
+        /// URL that answered too much.
+        target: String,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// This replica lost the leader Lease (the process exits to be restarted).
+    #[error("lost the leader Lease: {0}")]
+    LeaseLost(String),
     /// The HeteroTrainingJob CRD is not installed.
     #[error("CustomResourceDefinition heterotrainingjobs.heterotrain.dev is not installed; apply crds/heterotrainingjob.yaml (or the Helm chart) first")]
     CrdMissing,
@@ -57,6 +68,8 @@ impl Error {
             Error::MissingField(_) => "missing_field",
             Error::Balancer(_) => "balancer",
             Error::Scrape { .. } => "scrape",
+            Error::ScrapeTooLarge { .. } => "scrape_too_large",
+            Error::LeaseLost(_) => "lease_lost",
             Error::CrdMissing => "crd_missing",
         }
     }

@@ -41,6 +41,8 @@ pub mod status;
 pub mod validate;
 
 #[cfg(test)]
+mod fuzzing;
+#[cfg(test)]
 mod testing;
 
 pub use config::OperatorConfig;

@@ -42,6 +42,10 @@ struct Cli {
     /// Timeout of one scrape or Prometheus query, seconds.
     #[arg(long, env = "HETEROTRAIN_SCRAPE_TIMEOUT", default_value_t = 3.0)]
     scrape_timeout: f64,
+    /// Largest /metrics or Prometheus answer read, in bytes (a larger one is
+    /// cut off and that rank has no metrics this round).
+    #[arg(long, env = "HETEROTRAIN_SCRAPE_MAX_BYTES", default_value_t = heterotrain_operator::scrape::DEFAULT_MAX_BODY_BYTES)]
+    scrape_max_bytes: usize,
     /// Least seconds between two balancing decisions of one job: a floor on
     /// top of each job's loadBalancing.rebalanceIntervalSteps (a job's plan is
     /// reconsidered once it has trained that many steps AND this long has
@@ -101,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         trainer_image: cli.trainer_image,
         scrape_interval: secs(cli.scrape_interval, "scrape-interval")?,
         scrape_timeout: secs(cli.scrape_timeout, "scrape-timeout")?,
+        scrape_max_body_bytes: cli.scrape_max_bytes,
         rebalance_interval: secs(cli.rebalance_interval, "rebalance-interval")?,
         concurrency: if cli.concurrency == 0 {
             anyhow::bail!("--concurrency must be at least 1")

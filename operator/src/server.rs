@@ -1,11 +1,14 @@
 //! The small HTTP server: `/metrics` (OpenMetrics text of the operator's
-//! registry), `/healthz` (alive) and `/readyz` (the CRD was found).
+//! registry), `/healthz` (alive: fails while leading when the leader Lease
+//! has not been renewed for longer than the lease duration) and `/readyz`
+//! (the CRD was found).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -16,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::context::Context;
+use crate::leader::health::healthy;
 
 fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -34,7 +38,14 @@ pub fn route(path: &str, ctx: &Context) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4; charset=utf-8",
             heterotrain_crds::metrics::openmetrics_to_text(&ctx.metrics.encode()),
         ),
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/healthz" => match ctx.lease.since_renewed(Instant::now()) {
+            Some(since) if !healthy(Some(since), ctx.config.lease_duration) => respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("leader Lease not renewed for {:.1}s\n", since.as_secs_f64()),
+            ),
+            _ => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+        },
         "/readyz" if ctx.ready.load(Ordering::SeqCst) => {
             respond(StatusCode::OK, "text/plain", "ok\n".into())
         }

@@ -118,4 +118,6 @@ pub fn policy_of(p: heterotrain_crds::BalancePolicy) -> Policy {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

@@ -2,6 +2,15 @@
 //! safe: only the holder reconciles and writes. A Lease not renewed for
 //! `lease_duration` may be taken over; every write is guarded by the
 //! Lease's resourceVersion, so two contenders cannot both win.
+//!
+//! Each acquire/renew call has a deadline ([`health::renew_deadline`]). A
+//! leader that is refused, or whose renewals keep failing until the Lease
+//! may have expired ([`health::verdict`]), has lost: it stops the
+//! controller and the process exits, so the Deployment restarts it as a
+//! standby. [`health::LeaseHealth`] lets `/healthz` fail when renewals have
+//! failed for longer than the lease duration.
+
+pub mod health;
 
 use std::time::Duration;
 
@@ -14,6 +23,16 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::config::OperatorConfig;
+use health::{renew_deadline, verdict, LeaseHealth, Verdict};
+
+/// How a term as leader ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// `stop` was set (clean shutdown).
+    Stopped,
+    /// The Lease was lost; why.
+    Lost(String),
+}
 
 /// Contender for one Lease.
 #[derive(Clone)]
@@ -103,7 +122,7 @@ impl LeaderElector {
             if *stop.borrow() {
                 return false;
             }
-            match self.try_acquire_or_renew().await {
+            match self.attempt().await {
                 Ok(true) => return true,
                 Ok(false) => debug!(identity = %self.identity, "standing by"),
                 Err(e) => warn!(error = %e, "leader election"),
@@ -115,28 +134,52 @@ impl LeaderElector {
         }
     }
 
-    /// Renew until the Lease is lost (or cannot be renewed for a whole
-    /// lease duration) or `stop` is set; then sets `lost`.
-    pub async fn keep_leading(&self, mut stop: watch::Receiver<bool>, lost: watch::Sender<bool>) {
+    /// One acquire/renew call, given up after [`renew_deadline`].
+    async fn attempt(&self) -> Result<bool, String> {
+        let deadline = renew_deadline(self.renew, self.duration);
+        match tokio::time::timeout(deadline, self.try_acquire_or_renew()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {deadline:?}")),
+        }
+    }
+
+    /// Renew every renew interval until the Lease is lost (refused, or not
+    /// renewed for so long that it may have expired) or `stop` is set; then
+    /// sets `lost` (which stops the controller) and says how it ended.
+    /// Each renewal is recorded in `health`.
+    pub async fn keep_leading(
+        &self,
+        mut stop: watch::Receiver<bool>,
+        lost: watch::Sender<bool>,
+        health: &LeaseHealth,
+    ) -> LeaseEnd {
         let mut last_ok = tokio::time::Instant::now();
-        loop {
+        health.renewed(std::time::Instant::now());
+        let end = loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.renew) => {}
-                _ = stop.wait_for(|v| *v) => break,
+                _ = stop.wait_for(|v| *v) => break LeaseEnd::Stopped,
             }
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_ok = tokio::time::Instant::now(),
-                Ok(false) => break,
+            match self.attempt().await {
+                Ok(true) => {
+                    last_ok = tokio::time::Instant::now();
+                    health.renewed(std::time::Instant::now());
+                }
+                Ok(false) => break LeaseEnd::Lost("another replica holds the Lease".into()),
                 Err(e) => {
                     warn!(error = %e, "renewing the Lease failed");
                     // Stop before another replica may take over.
-                    if last_ok.elapsed() + self.renew >= self.duration {
-                        break;
+                    if verdict(last_ok.elapsed(), self.renew, self.duration) == Verdict::Lost {
+                        break LeaseEnd::Lost(format!(
+                            "not renewed for {:?} (last error: {e})",
+                            last_ok.elapsed()
+                        ));
                     }
                 }
             }
-        }
+        };
         let _ = lost.send(true);
+        end
     }
 
     /// Give the Lease up (on clean shutdown) so a standby takes over at once.
@@ -160,3 +203,6 @@ impl LeaderElector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,56 @@
+use super::*;
+
+const TEXT: &str = r#"# HELP heterotrain_steps Optimizer steps taken.
+# TYPE heterotrain_steps counter
+heterotrain_steps_total 12
+# TYPE heterotrain_compute_seconds counter
+heterotrain_compute_seconds_total 3.5
+# TYPE heterotrain_local_batch_size gauge
+heterotrain_local_batch_size 16
+heterotrain_step 12
+heterotrain_epoch 1
+heterotrain_plan_generation 2
+heterotrain_profile_step_seconds{batch_size="16"} 0.2
+heterotrain_profile_step_seconds{batch_size="8"} 0.1
+heterotrain_profile_max_batch_size 512
+heterotrain_step_seconds_bucket{le="0.1"} 3
+heterotrain_finished 0
+# EOF
+"#;
+
+#[test]
+fn parses_trainer_exposition() {
+    let s = parse_exposition(TEXT).expect("parse");
+    let r = RankMetrics::from_series(&s);
+    assert_eq!(r.steps_total, Some(12.0));
+    assert_eq!(r.compute_seconds_total, Some(3.5));
+    assert_eq!(r.local_batch, Some(16));
+    assert_eq!(r.step, Some(12));
+    assert_eq!(r.epoch, Some(1));
+    assert_eq!(r.plan_generation, Some(2));
+    assert!(!r.finished);
+    let p = r.profile.expect("profile");
+    assert_eq!(p.points, vec![(8, 0.1), (16, 0.2)]);
+    assert_eq!(p.max_batch, 512);
+}
+
+#[test]
+fn garbage_gives_empty_metrics() {
+    let s = parse_exposition("this is not metrics\n{{{").unwrap_or_default();
+    assert_eq!(RankMetrics::from_series(&s), RankMetrics::default());
+}
+
+#[test]
+fn prometheus_answers_group_by_pod() {
+    let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+          {"metric":{"__name__":"heterotrain_local_batch_size","pod":"j-1","namespace":"n"},"value":[1,"24"]},
+          {"metric":{"__name__":"heterotrain_local_batch_size","pod":"j-0","namespace":"n"},"value":[1,"8"]},
+          {"metric":{"__name__":"heterotrain_local_batch_size","pod":"other-0"},"value":[1,"99"]}]}}"#;
+    let s = parse_prometheus_vector(body).expect("parse");
+    let ranks = group_by_rank(&s, "j", 3);
+    assert_eq!(ranks[0].as_ref().ok().and_then(|r| r.local_batch), Some(8));
+    assert_eq!(ranks[1].as_ref().ok().and_then(|r| r.local_batch), Some(24));
+    assert!(ranks[2].is_err());
+    assert!(parse_prometheus_vector(r#"{"status":"error","error":"bad"}"#).is_err());
+    assert_eq!(percent_encode("a b{=\"}"), "a%20b%7B%3D%22%7D");
+}
