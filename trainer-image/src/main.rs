@@ -22,7 +22,10 @@ fn main() {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "panic".into());
-        let what = what.lines().next().unwrap_or("panic").to_string();
+        // libtorch's messages carry a C++ stack, escaped ("\\n") inside
+        // tch's error text: keep the first line of it.
+        let what = what.lines().next().unwrap_or("panic");
+        let what = what.split("\\n").next().unwrap_or(what).to_string();
         let at = info
             .location()
             .map(|l| format!(" ({}:{})", l.file(), l.line()))

@@ -239,5 +239,8 @@ fn a_panic_is_one_error_line_and_exit_1() {
         .collect();
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].starts_with("error: rank 0: "), "{err}");
+    // libtorch's message without its C++ stack.
+    assert!(lines[0].contains("can't allocate memory"), "{err}");
+    assert!(!lines[0].contains("frame #"), "{}", lines[0]);
     assert!(!err.contains("RUST_BACKTRACE"), "{err}");
 }
