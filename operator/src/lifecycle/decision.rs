@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use crate::conditions::{types, Desired};
+use crate::conditions::{reasons, types, Desired};
 use crate::events::EventSpec;
+use crate::fetch::RankPod;
 
 /// Summary phase for `kubectl get`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +65,21 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// Take the gang down: delete `pods` (those not already going) and say
+    /// why in the Running condition (False, `GangRestarting`).
+    pub(super) fn take_down(&mut self, pods: &[&RankPod], message: String) {
+        self.delete_pods = pods
+            .iter()
+            .filter(|p| !p.deleting)
+            .map(|p| p.name.clone())
+            .collect();
+        self.conditions.push(Desired::no(
+            types::RUNNING,
+            reasons::GANG_RESTARTING,
+            message,
+        ));
+    }
+
     pub(super) fn new(phase: JobPhase, restarts: u32, disruptions: u32) -> Decision {
         Decision {
             phase,

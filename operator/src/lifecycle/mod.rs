@@ -128,19 +128,13 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     let (current, old): (Vec<&RankPod>, Vec<&RankPod>) =
         obs.pods.iter().partition(|p| p.restart == Some(restarts));
     if !old.is_empty() {
-        d.delete_pods = old
-            .iter()
-            .filter(|p| !p.deleting)
-            .map(|p| p.name.clone())
-            .collect();
-        d.conditions.push(Desired::no(
-            types::RUNNING,
-            reasons::GANG_RESTARTING,
+        d.take_down(
+            &old,
             format!(
                 "waiting for {} pod(s) of the previous gang to go away",
                 old.len()
             ),
-        ));
+        );
         d.requeue(Duration::from_secs(1));
         return d;
     }

@@ -9,7 +9,7 @@ use heterotrain_crds::{RunPolicy, STOPPED_BY_SIGNAL};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{live, seconds_between, Decision};
-use crate::conditions::{reasons, types, Desired};
+use crate::conditions::reasons;
 use crate::fetch::{Phase, RankPod};
 
 /// What ended the current gang.
@@ -210,16 +210,7 @@ pub(super) fn apply(d: &mut Decision, rp: &RunPolicy, current: &[&RankPod], caus
             counted + 1
         )
     };
-    d.delete_pods = current
-        .iter()
-        .filter(|p| !p.deleting)
-        .map(|p| p.name.clone())
-        .collect();
-    d.conditions.push(Desired::no(
-        types::RUNNING,
-        reasons::GANG_RESTARTING,
-        msg.clone(),
-    ));
+    d.take_down(current, msg.clone());
     d.event(!disrupted, reasons::GANG_RESTARTING, msg);
     d.requeue(Duration::from_secs(1));
 }
