@@ -86,7 +86,16 @@ fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
+    // One line and exit 1 for every error (a lost leader Lease included:
+    // the Deployment restarts the replica).
+    if let Err(e) = run().await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(Cmd::Rbac) = cli.command {
         print!("{}", rbac::cluster_role_yaml());

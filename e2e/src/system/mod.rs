@@ -198,6 +198,24 @@ impl System {
         Ok(())
     }
 
+    /// Restart the operator if it exited on its own, as its Deployment
+    /// would (it exits on purpose when it loses its leader Lease, e.g.
+    /// while the API server is down). One stopped with
+    /// [`System::stop_operator`] stays stopped.
+    pub fn revive_operator(&self) {
+        let exited = self
+            .operator
+            .lock()
+            .ok()
+            .and_then(|mut g| g.as_mut().and_then(|c| c.try_wait().ok().flatten()));
+        if let Some(status) = exited {
+            eprintln!("operator exited ({status}); restarting it as its Deployment would");
+            if let Err(e) = self.start_operator() {
+                eprintln!("restarting the operator: {e:#}");
+            }
+        }
+    }
+
     /// The running operator's process id.
     pub fn operator_pid(&self) -> Option<u32> {
         let mut g = self.operator.lock().ok()?;
@@ -255,6 +273,7 @@ impl System {
         let api: Api<HeteroTrainingJob> = Api::namespaced(self.client().await?, ns);
         let (api, done) = (&api, &done);
         let waited = eventually(what, timeout, Duration::from_millis(500), || async move {
+            self.revive_operator();
             // The API server may be restarting: an error is another poll.
             let Ok(found) = api.get_opt(name).await else {
                 return Ok(None);
