@@ -388,6 +388,12 @@ pub async fn run_pod(env: &Env, pod: &str, ip: &str) {
 
 /// Mark `pod` terminated with `code` (Failed, or Succeeded for 0).
 pub async fn finish_pod(env: &Env, pod: &str, code: i32, reason: &str) {
+    // Finished now: a rank that exited 0 long ago while another still runs
+    // is a stop (the collective-timeout grace has passed), not the end of
+    // training, and the gang would be restarted between two finish_pod calls.
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     set_pod_status(
         env,
         pod,
@@ -397,7 +403,7 @@ pub async fn finish_pod(env: &Env, pod: &str, code: i32, reason: &str) {
                 "name": "trainer", "ready": false, "restartCount": 0,
                 "image": "test/trainer:1", "imageID": "",
                 "state": {"terminated": {"exitCode": code, "reason": reason,
-                    "startedAt": "2024-01-01T00:00:00Z", "finishedAt": "2024-01-01T00:01:00Z"}}
+                    "startedAt": now, "finishedAt": now}}
             }]
         }),
     )
