@@ -21,9 +21,9 @@ use super::Trainer;
 /// What forward and backward leave for the rest of the step.
 struct Pass<'a> {
     local_loss: f64,
-    /// The global loss (Σ_r b_r/B · loss_r), being all-reduced.
-    loss_sum: Tensor,
-    loss_work: Option<PendingWork<'a>>,
+    /// The control word with this rank's weighted loss, being all-reduced.
+    word: Tensor,
+    word_work: Option<PendingWork<'a>>,
     /// (buckets launched before backward ended, buckets).
     overlap: Option<(usize, usize)>,
 }
@@ -112,14 +112,16 @@ impl<'a> Trainer<'a> {
         let (rank, device) = (self.cfg.dist.rank, self.p.device);
         let mut tm = StepTimings::default();
         let t0 = Instant::now();
-        // Rank 0's next proposal and every stop request: a small all-reduce
-        // started now, overlapped with this step's compute and waited at its
-        // end; it takes effect at the next step boundary.
+        // Rank 0's next proposal and every stop request ride in the control
+        // word with the loss: one small all-reduce, started once forward has
+        // the loss, overlapped with backward and waited at the step's end;
+        // it takes effect at the next step boundary.
         let proposed = self.propose();
-        let stop_now = stop.load(Ordering::SeqCst);
-        let mut word = control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now);
-        let word_work = self.start_sum(&mut word)?;
         if self.local_batch() == 0 {
+            let stop_now = stop.load(Ordering::SeqCst);
+            let mut word =
+                control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now, 0.0);
+            let word_work = self.start_sum(&mut word)?;
             return self.sit_out(started, word, word_work, &proposed);
         }
 
@@ -129,20 +131,18 @@ impl<'a> Trainer<'a> {
         let t1 = Instant::now();
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
-        let pass = self.forward_backward(&x, &y, &mut tm)?;
-        if let Some(w) = word_work {
+        let pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop)?;
+        if let Some(w) = pass.word_work {
             w.wait()?;
         }
-        if let Some(w) = pass.loss_work {
-            w.wait()?;
-        }
-        self.carried = Some(control::decode(&word, rank, &proposed));
+        let agreed = control::decode(&pass.word, rank, &proposed);
         // Summed over the members (alone: its own loss, weighted by 1).
         let global_loss = if self.pg.is_some() {
-            pass.loss_sum.double_value(&[0])
+            agreed.loss
         } else {
             pass.local_loss
         };
+        self.carried = Some(agreed);
         sync_device(device);
         // Exposed communication: everything in forward and backward that
         // was not local compute, plus the final waits.
@@ -186,9 +186,18 @@ impl<'a> Trainer<'a> {
         self.pg.map(|g| g.all_reduce_sum_async(t)).transpose()
     }
 
-    /// Forward and backward of this rank's batch. Forward and backward
-    /// times exclude waiting inside collectives (synchronised BatchNorm).
-    fn forward_backward(&self, x: &Tensor, y: &Tensor, tm: &mut StepTimings) -> Result<Pass<'a>> {
+    /// Forward and backward of this rank's batch, starting the control word
+    /// (`proposed`, the stop request, the weighted loss) between them.
+    /// Forward and backward times exclude waiting inside collectives
+    /// (synchronised BatchNorm).
+    fn forward_backward(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        tm: &mut StepTimings,
+        proposed: &BatchPlan,
+        stop: &AtomicBool,
+    ) -> Result<Pass<'a>> {
         let device = self.p.device;
         let waited0 = c10d::autograd_collective_seconds();
         let t1 = Instant::now();
@@ -209,13 +218,16 @@ impl<'a> Trainer<'a> {
         let waited1 = c10d::autograd_collective_seconds();
         tm.forward_seconds = ((t2 - t1).as_secs_f64() - (waited1 - waited0).max(0.0)).max(0.0);
         let scale = self.share();
-        let mut loss_sum = Tensor::from_slice(&[local_loss * scale]);
-        // Among the members only: a left-out rank has no part in the step.
-        let loss_work = self
-            .team
-            .group()
-            .map(|g| g.all_reduce_sum_async(&mut loss_sum))
-            .transpose()?;
+        // On the whole group: a left-out rank adds no loss (and no plan
+        // unless it is rank 0, which always trains).
+        let mut word = control::encode(
+            self.cfg.dist.rank,
+            self.cfg.dist.world_size,
+            proposed,
+            stop.load(Ordering::SeqCst),
+            local_loss * scale,
+        );
+        let word_work = self.start_sum(&mut word)?;
 
         zero_grads(&self.p.params);
         // The b_r / B weight goes into the loss, so the SUM of the ranks'
@@ -241,8 +253,8 @@ impl<'a> Trainer<'a> {
         tm.backward_seconds = (local_backward - backward_wait).max(0.0);
         Ok(Pass {
             local_loss,
-            loss_sum,
-            loss_work,
+            word,
+            word_work,
             overlap: trace.map(|t| (t.overlapped_launches(), t.ready_at_launch.len())),
         })
     }
