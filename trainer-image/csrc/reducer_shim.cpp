@@ -21,6 +21,7 @@ using namespace ht;
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 
 namespace {
 
@@ -34,28 +35,144 @@ struct HtReducerTrace {
   std::vector<int64_t> ready_at_launch;
 };
 
+// Who updates which elements of the flat parameter buffer (ZeRO-1 with
+// unequal shards). While set, a bucket's gradient is summed only where its
+// owner needs it: each rank sends the other owners their segments and
+// receives its own from every rank (point-to-point, about half the bytes
+// of an all-reduce); the owner then holds the exact sum of its elements and
+// the rest of the bucket keeps this rank's local gradient, which nothing
+// reads (the update touches only the owned range, and the owners'
+// broadcasts after it bring every rank the whole result).
+struct HtShards {
+  std::mutex mu;
+  // Group rank r owns flat elements [bounds[r].first, bounds[r].second);
+  // empty: every rank needs the whole sum (all-reduce).
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  const char* base = nullptr;  // the flat buffer's first byte
+  int64_t numel = 0;
+  int64_t elem = 0;
+  uint32_t calls = 0;  // hook calls so far: the message tags
+};
+
+// One piece of a bucket: [off, off + len) of its buffer, summed for `owner`.
+struct Segment {
+  int64_t off;
+  int64_t len;
+  int owner;
+};
+
 class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
-  HtSumHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<HtReducerTrace> trace)
-      : CppCommHookInterface(std::move(pg)), trace_(std::move(trace)) {}
+  HtSumHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<HtReducerTrace> trace,
+            std::shared_ptr<HtShards> shards, c10::intrusive_ptr<c10d::Backend> gloo,
+            std::chrono::milliseconds timeout)
+      : CppCommHookInterface(std::move(pg)),
+        trace_(std::move(trace)),
+        shards_(std::move(shards)),
+        gloo_(std::move(gloo)),
+        timeout_(timeout) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     {
       std::lock_guard<std::mutex> lock(trace_->mu);
       trace_->ready_at_launch.push_back(trace_->ready.load());
     }
+    std::vector<Segment> segs;
+    uint32_t call = 0;
+    if (plan(bucket, segs, call)) return reduce_to_owners(bucket.getBufferRef(), segs, call);
     std::vector<at::Tensor> tensors{bucket.getBufferRef()};
     return state_->allreduce(tensors)->getFuture();
   }
 
  private:
+  // The bucket's segments by owner, in buffer order; false: all-reduce it.
+  bool plan(c10d::GradBucket& bucket, std::vector<Segment>& segs, uint32_t& call) {
+    const at::Tensor& buf = bucket.getBufferRef();
+    if (!buf.is_cpu() || !buf.is_contiguous()) return false;
+    std::lock_guard<std::mutex> lock(shards_->mu);
+    const auto& bounds = shards_->bounds;
+    if (bounds.size() != static_cast<size_t>(state_->getSize()) || shards_->base == nullptr)
+      return false;
+    const int64_t elem = shards_->elem;
+    if (elem != static_cast<int64_t>(buf.element_size())) return false;
+    const auto grads = bucket.getGradients();
+    const auto params = bucket.getParameters();
+    if (grads.size() != params.size()) return false;
+    const char* bbase = static_cast<const char*>(buf.const_data_ptr());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const char* pp = static_cast<const char*>(params[i].const_data_ptr());
+      const int64_t n = grads[i].numel();
+      const int64_t f = (pp - shards_->base) / elem;
+      if (pp < shards_->base || f + n > shards_->numel || !params[i].is_contiguous())
+        return false;
+      const int64_t o = (static_cast<const char*>(grads[i].const_data_ptr()) - bbase) / elem;
+      for (int q = 0; q < static_cast<int>(bounds.size()); ++q) {
+        const int64_t a = std::max(f, bounds[q].first);
+        const int64_t b = std::min(f + n, bounds[q].second);
+        if (a >= b) continue;
+        const int64_t off = o + (a - f);
+        if (!segs.empty() && segs.back().owner == q && segs.back().off + segs.back().len == off) {
+          segs.back().len += b - a;
+        } else {
+          segs.push_back({off, b - a, q});
+        }
+      }
+    }
+    call = shards_->calls++;
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> reduce_to_owners(at::Tensor buf,
+                                                           std::vector<Segment> segs,
+                                                           uint32_t call) {
+    const int me = state_->getRank();
+    const int world = state_->getSize();
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    // (segment, peer, received) for the segments this rank owns.
+    std::vector<std::pair<size_t, at::Tensor>> received;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      // Tags are the same on every rank: buckets launch in one order.
+      const int tag = static_cast<int>(((call % 4096u) << 18) | (i & 0x3ffffu));
+      at::Tensor part = buf.narrow(0, segs[i].off, segs[i].len);
+      if (segs[i].owner != me) {
+        std::vector<at::Tensor> t{part};
+        works.push_back(gloo_->send(t, segs[i].owner, tag));
+        continue;
+      }
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == me) continue;
+        std::vector<at::Tensor> t{at::empty_like(part)};
+        works.push_back(gloo_->recv(t, peer, tag));
+        received.emplace_back(i, t[0]);
+      }
+    }
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    auto timeout = timeout_;
+    std::thread([works = std::move(works), received = std::move(received),
+                 segs = std::move(segs), buf, fut, timeout]() mutable {
+      try {
+        for (auto& w : works) ht::wait_work(w, timeout);
+        // Peers in rank order: the same sum on every run.
+        for (auto& [i, t] : received) buf.narrow(0, segs[i].off, segs[i].len).add_(t);
+        fut->markCompleted(c10::IValue(std::vector<at::Tensor>{buf}));
+      } catch (...) {
+        fut->setError(std::current_exception());
+      }
+    }).detach();
+    return fut;
+  }
+
   std::shared_ptr<HtReducerTrace> trace_;
+  std::shared_ptr<HtShards> shards_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::chrono::milliseconds timeout_;
 };
 
 struct HtReducer {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::unique_ptr<c10d::Reducer> reducer;
   std::shared_ptr<HtReducerTrace> trace;
+  std::shared_ptr<HtShards> shards;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   int64_t params = 0;
 };
@@ -104,7 +221,9 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
         std::unordered_map<size_t, std::string>{}, first_bucket_bytes,
         /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
         std::vector<int64_t>{});
-    r->reducer->register_comm_hook(std::make_unique<HtSumHook>(r->pg, r->trace));
+    r->shards = std::make_shared<HtShards>();
+    r->reducer->register_comm_hook(
+        std::make_unique<HtSumHook>(r->pg, r->trace, r->shards, g->gloo, g->timeout));
     // Count ready gradients (after the Reducer's own hook on each).
     auto trace = r->trace;
     for (auto& p : ps) {
@@ -161,6 +280,25 @@ int64_t ht_reducer_trace(void* r, int64_t* out, int64_t cap, int64_t* params,
   for (int64_t i = 0; i < cap && i < static_cast<int64_t>(v.size()); ++i) out[i] = v[i];
   *params = red->params;
   return static_cast<int64_t>(v.size());
+}
+
+// Sum each bucket only for the owners of its elements: group rank q owns
+// elements [bounds[2q], bounds[2q+1]) of the flat buffer *flat (n = the
+// group's size). n = 0: every rank needs the whole sum (all-reduce).
+int ht_reducer_set_shards(void* r, at::Tensor* flat, const int64_t* bounds, size_t n,
+                          char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    auto red = static_cast<HtReducer*>(r);
+    std::lock_guard<std::mutex> lock(red->shards->mu);
+    red->shards->bounds.clear();
+    red->shards->base = nullptr;
+    if (n == 0 || flat == nullptr) return;
+    if (!flat->is_contiguous()) throw std::runtime_error("the flat parameter buffer is not contiguous");
+    for (size_t q = 0; q < n; ++q) red->shards->bounds.emplace_back(bounds[2 * q], bounds[2 * q + 1]);
+    red->shards->base = static_cast<const char*>(flat->const_data_ptr());
+    red->shards->numel = flat->numel();
+    red->shards->elem = static_cast<int64_t>(flat->element_size());
+  });
 }
 
 void ht_reducer_destroy(void* r) {

@@ -108,6 +108,14 @@ extern "C" {
         params: *mut i64,
         compute_ns: *mut i64,
     ) -> i64;
+    pub(super) fn ht_reducer_set_shards(
+        r: *mut c_void,
+        flat: *mut c_void,
+        bounds: *const i64,
+        n: usize,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     pub(super) fn ht_autograd_collective_ns() -> i64;
     pub(super) fn ht_reducer_destroy(r: *mut c_void);
     pub(super) fn ht_set_deterministic(on: c_int);

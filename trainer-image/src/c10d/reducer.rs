@@ -55,6 +55,28 @@ impl Reducer<'_> {
         })
     }
 
+    /// Sum each gradient bucket only for the owners of its elements: group
+    /// rank q owns elements `bounds[q]` of `flat`, the buffer every
+    /// parameter is a view of. Each rank then holds the exact sum of the
+    /// gradients it owns (and its local gradient elsewhere), for about half
+    /// the bytes of an all-reduce. `None`: every rank gets the whole sum.
+    pub fn set_shards(&self, shards: Option<(&Tensor, &[(i64, i64)])>) -> Result<()> {
+        let r = self.handle;
+        let (mut flat, bounds) = match shards {
+            Some((flat, bounds)) => (Some(flat.shallow_clone()), bounds.to_vec()),
+            None => (None, Vec::new()),
+        };
+        let words: Vec<i64> = bounds.iter().flat_map(|&(lo, hi)| [lo, hi]).collect();
+        let fp = flat
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |t| t.as_mut_ptr() as *mut c_void);
+        // SAFETY: r is a live Reducer; fp a live tensor or null; words
+        // holds 2·len(bounds) entries.
+        self.pg.call("reducer", |err| unsafe {
+            ht_reducer_set_shards(r, fp, words.as_ptr(), bounds.len(), err, ERR_LEN)
+        })
+    }
+
     /// The last backward's bucket launches.
     pub fn trace(&self) -> ReducerTrace {
         let mut buf = vec![0i64; 4096];

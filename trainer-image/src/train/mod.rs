@@ -172,7 +172,28 @@ impl<'a> Trainer<'a> {
                 Some(g.reducer(&self.p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?);
             self.bound = Some(self.p.group_slot.bind(g));
         }
-        Ok(())
+        self.shard_reduction()
+    }
+
+    /// Under a sharded layout the Reducer sums each gradient element only
+    /// for its owner (group rank i is member i); replicated, for everyone.
+    fn shard_reduction(&self) -> Result<()> {
+        let Some(r) = &self.reducer else {
+            return Ok(());
+        };
+        match &self.layout {
+            Layout::Sharded { .. } => {
+                let bounds: Vec<(i64, i64)> = self
+                    .team
+                    .members()
+                    .iter()
+                    .map(|&m| self.layout.own(m))
+                    .collect();
+                let flat = self.p.flat.range((0, self.p.flat.len()));
+                r.set_shards(Some((&flat, &bounds)))
+            }
+            Layout::Replicated { .. } => r.set_shards(None),
+        }
     }
 
     /// Bring every rank's parameters to rank 0's (a left-out rank's are

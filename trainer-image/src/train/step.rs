@@ -86,6 +86,7 @@ impl<'a> Trainer<'a> {
             }
             self.opt.adopt(&whole, wanted.own(rank));
             self.layout = wanted;
+            self.shard_reduction()?;
         }
         if members != self.team.members() {
             if rank == 0 {
