@@ -87,3 +87,76 @@ fn dead_peer_is_an_error_within_the_collective_timeout() {
         );
     });
 }
+
+/// Under a sharded layout the Reducer sums each gradient element only for
+/// its owner: rank 0 owns flat elements [0, 3) (a cut through the first
+/// parameter), rank 1 [3, 7). Each owner holds the exact sum of its
+/// elements and its own local gradient elsewhere; without shards every
+/// rank holds the whole sum.
+#[test]
+fn sharded_buckets_are_summed_for_their_owners_only() {
+    use heterotrain_trainer::shard::FlatParams;
+    let port = common::free_port();
+    // Per rank: (sharded step's gradient, replicated step's gradient).
+    let results: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let pg = ProcessGroup::join(&cfg(rank, port, 20)).expect("join");
+                    let a = Tensor::zeros([2, 2], tch::kind::FLOAT_CPU).set_requires_grad(true);
+                    let b = Tensor::zeros([3], tch::kind::FLOAT_CPU).set_requires_grad(true);
+                    let params = [a.shallow_clone(), b.shallow_clone()];
+                    let flat = FlatParams::new(&params).expect("flat");
+                    let reducer = pg.reducer(&params, 1 << 20, 1 << 20).expect("reducer");
+                    // d loss / d element i = (rank + 1) · (i + 1).
+                    let coeff =
+                        Tensor::arange_start(1, 8, tch::kind::FLOAT_CPU) * (rank as f64 + 1.0);
+                    let step = |shards: Option<&[(i64, i64)]>| {
+                        let whole = flat.range((0, flat.len()));
+                        reducer
+                            .set_shards(shards.map(|b| (&whole, b)))
+                            .expect("set shards");
+                        for p in &params {
+                            let mut g = p.grad();
+                            if g.defined() {
+                                let _ = g.zero_();
+                            }
+                        }
+                        reducer.prepare_forward().expect("forward");
+                        let x = Tensor::cat(&[a.reshape([-1]), b.reshape([-1])], 0);
+                        let loss = (x * &coeff).sum(tch::Kind::Float);
+                        reducer.prepare_backward(&loss).expect("arm");
+                        loss.backward();
+                        let g: Vec<f32> = params
+                            .iter()
+                            .flat_map(|p| Vec::<f32>::try_from(p.grad().reshape([-1])).unwrap())
+                            .collect();
+                        g
+                    };
+                    let sharded = step(Some(&[(0, 3), (3, 7)]));
+                    let replicated = step(None);
+                    (sharded, replicated)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let local = |rank: usize, i: usize| (rank as f32 + 1.0) * (i as f32 + 1.0);
+    let sum = |i: usize| local(0, i) + local(1, i);
+    for (rank, (sharded, replicated)) in results.iter().enumerate() {
+        let owned = if rank == 0 { 0..3 } else { 3..7 };
+        for i in 0..7 {
+            let want = if owned.contains(&i) {
+                sum(i)
+            } else {
+                local(rank, i)
+            };
+            assert_eq!(sharded[i], want, "rank {rank}, element {i}, sharded");
+            assert_eq!(
+                replicated[i],
+                sum(i),
+                "rank {rank}, element {i}, replicated"
+            );
+        }
+    }
+}
