@@ -9,7 +9,7 @@ use heterotrain_crds::{BatchPlan, HardwareProfile};
 use tch::Tensor;
 
 use crate::c10d::ProcessGroup;
-use crate::cli::TrainerArgs;
+use crate::cli::PlanArgs;
 use crate::error::{Result, TrainerError};
 
 /// Profile points carried in the start-up gather (more are dropped).
@@ -149,21 +149,27 @@ pub struct LocalBalancer {
 }
 
 impl LocalBalancer {
-    pub fn new(cfg: &TrainerArgs) -> Result<LocalBalancer> {
-        let policy: Policy = cfg
-            .plan
+    /// A balancer for `world_size` ranks sharing `global_batch`, each given
+    /// at least `min_local_batch` samples, with the plan group's policy.
+    pub fn new(
+        plan: &PlanArgs,
+        global_batch: u32,
+        min_local_batch: u32,
+        world_size: usize,
+    ) -> Result<LocalBalancer> {
+        let policy: Policy = plan
             .policy
             .parse()
             .map_err(|e| TrainerError::Config(format!("--policy: {e}")))?;
         let inner = Balancer::new(
             BalancerConfig {
                 policy,
-                global_batch_size: cfg.optim.batch_size,
-                min_local_batch: cfg.model.min_local_batch(),
-                min_gain_percent: cfg.plan.min_gain_percent,
+                global_batch_size: global_batch,
+                min_local_batch,
+                min_gain_percent: plan.min_gain_percent,
                 ..BalancerConfig::default()
             },
-            cfg.dist.world_size,
+            world_size,
         )
         .map_err(|e| TrainerError::Config(format!("balancer: {e}")))?;
         Ok(LocalBalancer { inner, policy })
@@ -285,10 +291,8 @@ mod tests {
 
     #[test]
     fn local_round_moves_samples_to_the_faster_rank() {
-        let mut cfg = test_cfg();
-        cfg.dist.world_size = 2;
-        cfg.optim.batch_size = 64;
-        let mut lb = LocalBalancer::new(&cfg).expect("balancer");
+        let cfg = test_cfg();
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
         let cur = BatchPlan::equal(0, 64, 2);
         let reps = [
             RankReport {

@@ -11,7 +11,7 @@ pub mod tokens;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::cli::{DatasetName, TrainerArgs};
+use crate::cli::{DataArgs, DatasetName, TrainerArgs};
 use crate::error::{Result, TrainerError};
 
 /// What the model sees and predicts.
@@ -133,43 +133,63 @@ pub fn normalize_u8(images: &Tensor, mean: &[f64], std: &[f64]) -> Tensor {
     (images.to_kind(Kind::Float) / 255.0 - m) / s
 }
 
-/// Load the dataset a config names.
-pub fn load(cfg: &TrainerArgs) -> Result<Dataset> {
+/// What the token and synthetic readers need beyond the data group: the
+/// model's text shape and the run's seed.
+#[derive(Clone, Copy, Debug)]
+pub struct Needs {
+    /// Tokens per sample (`--context`).
+    pub context: i64,
+    /// Vocabulary size (`--vocab`).
+    pub vocab: i64,
+    /// Seed of the synthetic generators.
+    pub seed: u64,
+    /// The global batch B: the train split must hold at least one.
+    pub global_batch: u32,
+}
+
+impl Needs {
+    /// The needs of the run `cfg` describes.
+    pub fn of(cfg: &TrainerArgs) -> Needs {
+        Needs {
+            context: cfg.model.context,
+            vocab: cfg.model.vocab,
+            seed: cfg.optim.seed,
+            global_batch: cfg.optim.batch_size,
+        }
+    }
+}
+
+/// Load the dataset the data group names.
+pub fn load(data: &DataArgs, needs: Needs) -> Result<Dataset> {
     let dir = || {
-        cfg.data
-            .data_dir
+        data.data_dir
             .clone()
             .ok_or_else(|| TrainerError::Config("--data-dir is required".into()))
     };
-    let ds = match cfg.data.dataset {
-        DatasetName::SyntheticImage => synthetic::images(
-            cfg.data.synthetic_samples,
-            cfg.optim.seed,
-            cfg.data.eval_fraction,
-        ),
+    let ds = match data.dataset {
+        DatasetName::SyntheticImage => {
+            synthetic::images(data.synthetic_samples, needs.seed, data.eval_fraction)
+        }
         DatasetName::SyntheticText => synthetic::text(
-            cfg.data.synthetic_samples,
-            cfg.model.context,
-            cfg.model.vocab,
-            cfg.optim.seed,
-            cfg.data.eval_fraction,
+            data.synthetic_samples,
+            needs.context,
+            needs.vocab,
+            needs.seed,
+            data.eval_fraction,
         ),
-        DatasetName::Cifar10 => cifar::load(&dir()?, cfg.data.eval_fraction)?,
-        DatasetName::Mnist => mnist::load(&dir()?, cfg.data.eval_fraction)?,
-        DatasetName::Cifar100 => cifar::load_cifar100(&dir()?, cfg.data.eval_fraction)?,
-        DatasetName::Tokens => tokens::load(
-            &dir()?,
-            cfg.model.context,
-            cfg.model.vocab,
-            cfg.data.eval_fraction,
-        )?,
-        DatasetName::Tensors => tensors::load(&dir()?, cfg.data.eval_fraction)?,
+        DatasetName::Cifar10 => cifar::load(&dir()?, data.eval_fraction)?,
+        DatasetName::Mnist => mnist::load(&dir()?, data.eval_fraction)?,
+        DatasetName::Cifar100 => cifar::load_cifar100(&dir()?, data.eval_fraction)?,
+        DatasetName::Tokens => {
+            tokens::load(&dir()?, needs.context, needs.vocab, data.eval_fraction)?
+        }
+        DatasetName::Tensors => tensors::load(&dir()?, data.eval_fraction)?,
     };
-    if ds.train_len() < cfg.optim.batch_size as usize {
+    if ds.train_len() < needs.global_batch as usize {
         return Err(TrainerError::Data(format!(
             "the train split has {} samples, fewer than one global batch of {}",
             ds.train_len(),
-            cfg.optim.batch_size
+            needs.global_batch
         )));
     }
     Ok(ds)

@@ -56,7 +56,7 @@ pub fn run(cfg: &TrainerArgs, stop: Arc<AtomicBool>) -> Result<RunSummary> {
         c10d::set_deterministic(true);
     }
     let (parts, plans) = Parts::build(cfg)?;
-    let pg = setup::join(cfg, parts.device)?;
+    let pg = setup::join(&cfg.dist, parts.device)?;
     let pg = pg.as_ref();
     let subgroups = Arena::new();
     let mut t = Trainer::new(cfg, &parts, plans, pg, &subgroups)?;
@@ -226,7 +226,13 @@ impl<'a> Trainer<'a> {
         }
         let profiles = local_balance::gather_profiles(self.pg, self.p.hw_profile.as_ref())?;
         if self.cfg.dist.rank == 0 {
-            let mut lb = LocalBalancer::new(self.cfg)?;
+            let cfg = self.cfg;
+            let mut lb = LocalBalancer::new(
+                &cfg.plan,
+                cfg.optim.batch_size,
+                cfg.model.min_local_batch(),
+                cfg.dist.world_size,
+            )?;
             lb.observe_profiles(&profiles);
             if profiles.iter().all(Option::is_some) {
                 self.pending = lb.round(&[], &self.plan);

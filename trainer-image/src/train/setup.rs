@@ -11,7 +11,7 @@ use tch::{Device, Tensor};
 
 use crate::c10d::{self, GroupSlot, ProcessGroup, RendezvousConfig};
 use crate::checkpoint::Fingerprint;
-use crate::cli::{Backend, DeviceArg, DistArgs, TrainerArgs};
+use crate::cli::{Backend, DeviceArg, DistArgs, ObsArgs, TrainerArgs};
 use crate::data::{self, Dataset};
 use crate::error::{Result, TrainerError};
 use crate::metrics::{self, TrainerMetrics};
@@ -64,29 +64,29 @@ pub fn open_gpu(device: Device) -> Option<Gpu> {
 }
 
 /// Join the group (none for a single process) and pick NCCL when allowed.
-pub(super) fn join(cfg: &TrainerArgs, device: Device) -> Result<Option<ProcessGroup>> {
-    if cfg.dist.world_size == 1 {
+pub(super) fn join(dist: &DistArgs, device: Device) -> Result<Option<ProcessGroup>> {
+    if dist.world_size == 1 {
         return Ok(None);
     }
     c10d::quiet_c10_logging();
     let mut pg = ProcessGroup::join(&RendezvousConfig {
-        master_addr: cfg.dist.master_addr.clone(),
-        master_port: cfg.dist.master_port,
-        rank: cfg.dist.rank,
-        world_size: cfg.dist.world_size,
-        rendezvous_timeout: Duration::from_secs(cfg.dist.rendezvous_timeout_secs),
-        collective_timeout: Duration::from_secs(cfg.dist.collective_timeout_secs),
-        bind_host: cfg.dist.bind_addr.clone(),
-        iface: cfg.dist.gloo_socket_ifname.clone(),
+        master_addr: dist.master_addr.clone(),
+        master_port: dist.master_port,
+        rank: dist.rank,
+        world_size: dist.world_size,
+        rendezvous_timeout: Duration::from_secs(dist.rendezvous_timeout_secs),
+        collective_timeout: Duration::from_secs(dist.collective_timeout_secs),
+        bind_host: dist.bind_addr.clone(),
+        iface: dist.gloo_socket_ifname.clone(),
     })?;
     // Agree on NCCL: only when every rank is CUDA and wants it.
-    let wants = device.is_cuda() && cfg.dist.backend != Backend::Gloo && cfg!(feature = "nccl");
+    let wants = device.is_cuda() && dist.backend != Backend::Gloo && cfg!(feature = "nccl");
     let mut t = Tensor::from_slice(&[i64::from(wants)]);
     pg.all_reduce_sum(&mut t)?;
-    let all = t.int64_value(&[0]) == cfg.dist.world_size as i64;
+    let all = t.int64_value(&[0]) == dist.world_size as i64;
     if all {
         pg.enable_nccl()?;
-    } else if cfg.dist.backend == Backend::Nccl && cfg.dist.rank == 0 {
+    } else if dist.backend == Backend::Nccl && dist.rank == 0 {
         eprintln!(
             "warning: --backend nccl needs every rank on CUDA with an nccl build; using Gloo (CUDA tensors staged through host memory)"
         );
@@ -205,19 +205,18 @@ impl Plans {
 }
 
 /// Start the metrics endpoint (a bind failure is a warning, not an error).
-fn serve_metrics(cfg: &TrainerArgs, mx: &Arc<TrainerMetrics>) {
-    if cfg.obs.metrics_port != 0 {
-        let addr = cfg
-            .obs
+fn serve_metrics(obs: &ObsArgs, rank: usize, mx: &Arc<TrainerMetrics>) {
+    if obs.metrics_port != 0 {
+        let addr = obs
             .metrics_addr
             .clone()
             .filter(|a| !a.is_empty())
             .unwrap_or_else(|| "0.0.0.0".into());
-        match metrics::serve(Arc::clone(mx), &addr, cfg.obs.metrics_port) {
-            Ok(a) => eprintln!("rank {}: metrics on http://{a}/metrics", cfg.dist.rank),
+        match metrics::serve(Arc::clone(mx), &addr, obs.metrics_port) {
+            Ok(a) => eprintln!("rank {}: metrics on http://{a}/metrics", rank),
             Err(e) => eprintln!(
                 "warning: rank {}: no metrics endpoint on {addr}:{}: {e}",
-                cfg.dist.rank, cfg.obs.metrics_port
+                rank, obs.metrics_port
             ),
         }
     }
@@ -282,9 +281,9 @@ impl Parts {
         let mx = Arc::new(TrainerMetrics::new(gpu.clone()));
         mx.set_device(&profile::device_info(device, gpu.as_ref()));
         let plans = Plans::start(cfg, &mx)?;
-        let data = data::load(cfg)?;
+        let data = data::load(&cfg.data, data::Needs::of(cfg))?;
         // After the configuration is known good: errors stay one line.
-        serve_metrics(cfg, &mx);
+        serve_metrics(&cfg.obs, cfg.dist.rank, &mx);
         let hw_profile = measure_profile(cfg, device, &data, gpu.as_ref(), &mx)?;
         let spe = steps_per_epoch(data.train_len(), cfg.optim.batch_size);
         let total = match (cfg.optim.max_steps, cfg.optim.epochs) {
