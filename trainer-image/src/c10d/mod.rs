@@ -270,25 +270,34 @@ impl ProcessGroup {
     /// Start an in-place SUM all-reduce of a CPU (or NCCL-able) tensor; the
     /// tensor must stay alive and untouched until the work is waited.
     pub fn all_reduce_sum_async(&self, t: &mut Tensor) -> Result<PendingWork<'_>> {
+        let h = self.handle;
+        // SAFETY: `start` hands a live at::Tensor* and a slot for the work.
+        self.start("all_reduce", t, |p, work, err| unsafe {
+            ht_pg_allreduce_sum_async(h, p, work, err, ERR_LEN)
+        })
+    }
+
+    /// Start the asynchronous collective `f` on `t` (a CPU or NCCL-able
+    /// tensor, which must stay alive and untouched until the work is waited):
+    /// `f` gets the tensor, the slot for the work's heap handle and the
+    /// error buffer.
+    fn start(
+        &self,
+        op: &'static str,
+        t: &mut Tensor,
+        f: impl FnOnce(*mut c_void, *mut *mut c_void, *mut c_char) -> c_int,
+    ) -> Result<PendingWork<'_>> {
         Self::check(t)?;
         if !self.direct(t) {
             return Err(TrainerError::Collective {
-                op: "all_reduce",
-                msg: "async all-reduce needs a host tensor when NCCL is off".into(),
+                op,
+                msg: "an asynchronous collective needs a host tensor when NCCL is off".into(),
             });
         }
-        let h = self.handle;
         let p = t.as_mut_ptr() as *mut c_void;
         let mut work: *mut c_void = std::ptr::null_mut();
-        // SAFETY: as above; work receives a heap handle.
-        self.call("all_reduce", |err| unsafe {
-            ht_pg_allreduce_sum_async(h, p, &mut work, err, ERR_LEN)
-        })?;
-        Ok(PendingWork {
-            pg: self,
-            work,
-            op: "all_reduce",
-        })
+        self.call(op, |err| f(p, &mut work, err))?;
+        Ok(PendingWork { pg: self, work, op })
     }
 
     /// In-place broadcast from `root`.
@@ -311,24 +320,10 @@ impl ProcessGroup {
     /// Start an in-place broadcast from `root` of a CPU (or NCCL-able)
     /// tensor; it must stay alive and untouched until the work is waited.
     pub fn broadcast_async(&self, t: &mut Tensor, root: usize) -> Result<PendingWork<'_>> {
-        Self::check(t)?;
-        if !self.direct(t) {
-            return Err(TrainerError::Collective {
-                op: "broadcast",
-                msg: "async broadcast needs a host tensor when NCCL is off".into(),
-            });
-        }
         let h = self.handle;
-        let p = t.as_mut_ptr() as *mut c_void;
-        let mut work: *mut c_void = std::ptr::null_mut();
-        // SAFETY: p is a live at::Tensor*; work receives a heap handle.
-        self.call("broadcast", |err| unsafe {
-            ht_pg_broadcast_async(h, p, root as c_int, &mut work, err, ERR_LEN)
-        })?;
-        Ok(PendingWork {
-            pg: self,
-            work,
-            op: "broadcast",
+        // SAFETY: `start` hands a live at::Tensor* and a slot for the work.
+        self.start("broadcast", t, |p, work, err| unsafe {
+            ht_pg_broadcast_async(h, p, root as c_int, work, err, ERR_LEN)
         })
     }
 

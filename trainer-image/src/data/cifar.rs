@@ -118,13 +118,7 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
     }
     let x = Tensor::cat(&train.iter().map(|t| &t.0).collect::<Vec<_>>(), 0);
     let y = Tensor::cat(&train.iter().map(|t| &t.1).collect::<Vec<_>>(), 0);
-    let test = dir.join("test_batch.bin");
-    let eval = test
-        .exists()
-        .then(|| read_file(CIFAR10, &test))
-        .transpose()?;
-    let (train_x, train_y, eval_x, eval_y) = with_eval(x, y, eval, eval_fraction);
-    Ok(dataset(CIFAR10, (train_x, train_y), (eval_x, eval_y)))
+    with_test_file(CIFAR10, (x, y), &dir.join("test_batch.bin"), eval_fraction)
 }
 
 /// Load CIFAR-100 (`train.bin`, and `test.bin` as the eval split when
@@ -138,13 +132,20 @@ pub fn load_cifar100(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
         )));
     }
     let (x, y) = read_file(CIFAR100, &train)?;
-    let test = dir.join("test.bin");
-    let eval = test
-        .exists()
-        .then(|| read_file(CIFAR100, &test))
-        .transpose()?;
-    let (train_x, train_y, eval_x, eval_y) = with_eval(x, y, eval, eval_fraction);
-    Ok(dataset(CIFAR100, (train_x, train_y), (eval_x, eval_y)))
+    with_test_file(CIFAR100, (x, y), &dir.join("test.bin"), eval_fraction)
+}
+
+/// The dataset of the training images `train`, evaluated on the file
+/// `test` when it exists, else on the tail `eval_fraction` of `train`.
+fn with_test_file(
+    format: Format,
+    train: (Tensor, Tensor),
+    test: &Path,
+    eval_fraction: f64,
+) -> Result<Dataset> {
+    let eval = test.exists().then(|| read_file(format, test)).transpose()?;
+    let (train_x, train_y, eval_x, eval_y) = with_eval(train.0, train.1, eval, eval_fraction);
+    Ok(dataset(format, (train_x, train_y), (eval_x, eval_y)))
 }
 
 #[cfg(test)]
