@@ -1,11 +1,13 @@
 //! HeteroTrain API types shared by every part: the `HeteroTrainingJob`
-//! custom resource, the batch-plan wire format, the hardware profile and
-//! the trainer's command line.
+//! custom resource, the batch-plan wire format, the hardware profile, the
+//! trainer's command line, metric names and label/annotation keys.
 
 pub mod job;
+pub mod labels;
 pub mod metrics;
 pub mod plan;
 pub mod profile;
+pub mod resources;
 pub mod run_policy;
 pub mod trainer;
 

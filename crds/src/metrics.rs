@@ -95,22 +95,6 @@ pub fn openmetrics_to_text(om: &str) -> String {
     out
 }
 
-/// Pod labels the operator sets and the PodMonitor turns into target labels.
-pub mod labels {
-    /// Job name.
-    pub const JOB: &str = "heterotrain.dev/job";
-    /// Worker group name.
-    pub const GROUP: &str = "heterotrain.dev/group";
-    /// Global rank.
-    pub const RANK: &str = "heterotrain.dev/rank";
-    /// `app.kubernetes.io/managed-by` value.
-    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-    /// The operator's name in `managed-by`.
-    pub const MANAGER: &str = "heterotrain-operator";
-    /// Node label naming the accelerator model (profile-cache key).
-    pub const ACCELERATOR: &str = "heterotrain.dev/accelerator";
-}
-
 #[cfg(test)]
 mod tests {
     use super::openmetrics_to_text;

@@ -14,9 +14,9 @@ use crate::config::OperatorConfig;
 use crate::events::{self, EventSpec};
 use crate::leader::health::LeaseHealth;
 use crate::metrics::Metrics;
-use crate::names::labels;
 use crate::rebalance::{Deps, JobKey, Rebalancer};
 use crate::scrape::Scraper;
+use heterotrain_crds::labels;
 
 /// Shared state of one operator replica.
 pub struct Context {

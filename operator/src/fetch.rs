@@ -1,13 +1,14 @@
 //! Fetch stage: read a job's children (pods, plan ConfigMap) and reduce each
 //! pod to the facts the lifecycle stage decides on.
 
+use heterotrain_crds::labels;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::error::Result;
-use crate::names::{self, labels};
+use crate::names;
 use crate::plan;
 
 /// The pod condition Kubernetes (1.26+) sets before it disrupts a pod.
@@ -77,9 +78,7 @@ impl RankPod {
         RankPod {
             name: pod.name_any(),
             rank: labels.get(labels::RANK).and_then(|r| r.parse().ok()),
-            restart: labels
-                .get(names::RESTART_LABEL)
-                .and_then(|r| r.parse().ok()),
+            restart: labels.get(labels::RESTART).and_then(|r| r.parse().ok()),
             phase,
             deleting: pod.metadata.deletion_timestamp.is_some(),
             pod_ip: status
@@ -102,7 +101,7 @@ impl RankPod {
                         .find(|c| c.type_ == DISRUPTION_TARGET && c.status == "True")
                 })
                 .map(|c| c.reason.clone().unwrap_or_else(|| DISRUPTION_TARGET.into())),
-            spec_hash: pod.annotations().get(names::SPEC_HASH_ANNOTATION).cloned(),
+            spec_hash: pod.annotations().get(labels::SPEC_HASH_ANNOTATION).cloned(),
             controller_uid: pod
                 .owner_references()
                 .iter()
@@ -125,6 +124,14 @@ pub struct Observed {
     pub plan: plan::Stored,
 }
 
+/// Names of the `pods` that `keep` keeps.
+pub fn names_where(pods: &[RankPod], keep: impl Fn(&RankPod) -> bool) -> Vec<String> {
+    pods.iter()
+        .filter(|p| keep(p))
+        .map(|p| p.name.clone())
+        .collect()
+}
+
 /// Split pods into those controlled by the job with `uid` and the others.
 pub fn split_by_owner(pods: Vec<RankPod>, uid: &str) -> (Vec<RankPod>, Vec<RankPod>) {
     pods.into_iter()
@@ -143,7 +150,7 @@ pub async fn fetch(client: &Client, namespace: &str, job: &str, uid: &str) -> Re
     let list = pods
         .list(
             &ListParams::default()
-                .labels(&names::job_selector(job))
+                .labels(&labels::job_selector(job))
                 .match_any(),
         )
         .await?;

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use heterotrain_crds::metrics::labels;
+use heterotrain_crds::labels;
 use heterotrain_crds::{Device, HeteroTrainingJobSpec, ModelSpec, WorkerGroup};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -1,9 +1,10 @@
 //! What validation checks and the build stage produces about a rank pod,
 //! in one place both read: the volumes, mount paths and label/annotation
-//! keys the operator reserves for itself, where the dataset is mounted, and
+//! keys (under `heterotrain_crds::labels::PREFIX`) the operator reserves for itself, where the dataset is mounted, and
 //! how many threads a group's CPU limit gives.
 
-use heterotrain_crds::{HeteroTrainingJobSpec, WorkerGroup};
+use heterotrain_crds::resources::{cpu_limit, whole_cpus};
+use heterotrain_crds::{labels, HeteroTrainingJobSpec, WorkerGroup};
 
 use crate::names;
 
@@ -13,8 +14,6 @@ pub const SHM_VOLUME: &str = "dshm";
 pub const SHM_PATH: &str = "/dev/shm";
 /// Volume names the operator may add to a rank pod.
 pub const OPERATOR_VOLUMES: [&str; 4] = ["scratch", "checkpoints", "data", SHM_VOLUME];
-/// Label and annotation key prefix that belongs to the operator.
-pub const OPERATOR_KEY_PREFIX: &str = "heterotrain.dev/";
 
 /// `(volume name, mount path)` of each mount the operator adds to a pod of
 /// group `g`, in the order it adds them.
@@ -47,57 +46,19 @@ pub fn data_dir(spec: &HeteroTrainingJobSpec) -> Option<String> {
 
 /// Whether a label key is one the operator sets on its pods.
 pub fn is_operator_label(key: &str) -> bool {
-    key.starts_with(OPERATOR_KEY_PREFIX) || key == names::labels::MANAGED_BY
+    key.starts_with(labels::PREFIX) || key == labels::MANAGED_BY
 }
 
 /// Whether an annotation key is one the operator owns.
 pub fn is_operator_annotation(key: &str) -> bool {
-    key.starts_with(OPERATOR_KEY_PREFIX)
+    key.starts_with(labels::PREFIX)
 }
 
 /// Threads for a group: `threads`, else the CPU limit rounded up, else 1.
 pub fn group_threads(group: &WorkerGroup) -> u32 {
     group
         .threads
-        .or_else(|| {
-            group
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get("cpu"))
-                .and_then(|q| quantity_to_threads(&q.0))
-        })
+        .or_else(|| cpu_limit(group.resources.as_ref()).and_then(|q| whole_cpus(&q.0)))
         .unwrap_or(1)
         .max(1)
-}
-
-/// Whole CPUs in a CPU quantity, rounded up: "2" → 2, "1500m" → 2,
-/// "0.5" → 1. `None` when the text is not a plain or milli quantity.
-pub fn quantity_to_threads(q: &str) -> Option<u32> {
-    let q = q.trim();
-    let millis: f64 = if let Some(m) = q.strip_suffix('m') {
-        m.parse::<f64>().ok()?
-    } else {
-        q.parse::<f64>().ok()? * 1000.0
-    };
-    if !millis.is_finite() || millis <= 0.0 {
-        return None;
-    }
-    let cpus = (millis / 1000.0).ceil();
-    (cpus <= f64::from(u32::MAX)).then_some(cpus as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_quantities() {
-        assert_eq!(quantity_to_threads("2"), Some(2));
-        assert_eq!(quantity_to_threads("1500m"), Some(2));
-        assert_eq!(quantity_to_threads("0.5"), Some(1));
-        assert_eq!(quantity_to_threads("abc"), None);
-        assert_eq!(quantity_to_threads("-1"), None);
-        assert_eq!(quantity_to_threads("0"), None);
-    }
 }

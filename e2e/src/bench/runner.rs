@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use heterotrain_crds::metrics as m;
+use heterotrain_crds::labels;
 use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -274,14 +274,14 @@ impl BenchCluster {
             ranks.push(steps);
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lp = ListParams::default().labels(&format!("{}={name}", m::labels::JOB));
+        let lp = ListParams::default().labels(&labels::job_selector(name));
         let mut nodes = vec![String::new(); world];
         for p in pods.list(&lp).await? {
             let rank: Option<usize> = p
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(m::labels::RANK))
+                .and_then(|l| l.get(labels::RANK))
                 .and_then(|r| r.parse().ok());
             if let Some(r) = rank.filter(|r| *r < world) {
                 nodes[r] = p.spec.and_then(|s| s.node_name).unwrap_or_default();
@@ -302,7 +302,7 @@ impl BenchCluster {
         let api: Api<HeteroTrainingJob> = Api::namespaced(self.client.clone(), &self.namespace);
         let _ = api.delete(name, &DeleteParams::foreground()).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lp = ListParams::default().labels(&format!("{}={name}", m::labels::JOB));
+        let lp = ListParams::default().labels(&labels::job_selector(name));
         let (pods, api, lp) = (&pods, &api, &lp);
         let what = format!("job {name} and its pods to be gone");
         eventually(

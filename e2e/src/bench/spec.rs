@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_crds::{labels, HeteroTrainingJob};
 use serde_json::json;
 
 use super::{BenchNode, ModelRun};
@@ -69,7 +69,7 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
                 "replicas": 1,
                 "device": "cpu",
                 "threads": 1,
-                "nodeSelector": {"kubernetes.io/hostname": n.name},
+                "nodeSelector": {labels::HOSTNAME: n.name},
                 "resources": {
                     "requests": {"cpu": "50m", "memory": "256Mi"},
                     "limits": {"cpu": format!("{millis}m"), "memory": "2Gi"}
@@ -84,7 +84,7 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
     let v = json!({
         "apiVersion": "heterotrain.dev/v1alpha1",
         "kind": "HeteroTrainingJob",
-        "metadata": {"name": p.name, "labels": {"app.kubernetes.io/part-of": "heterotrain-bench"}},
+        "metadata": {"name": p.name, "labels": {labels::PART_OF: "heterotrain-bench"}},
         "spec": {
             "workers": workers,
             "model": {"name": p.model.model},

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_crds::{labels, HeteroTrainingJob};
 use kube::Client;
 
 use crate::datasets;
@@ -33,7 +33,7 @@ pub fn equal_split_twin(
             let mut g = template.clone();
             g.name = format!("rank{rank}");
             g.replicas = 1;
-            g.node_selector = [("kubernetes.io/hostname".to_string(), node.clone())].into();
+            g.node_selector = [(labels::HOSTNAME.to_string(), node.clone())].into();
             g
         })
         .collect();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use heterotrain_crds::metrics as m;
+use heterotrain_crds::labels;
 use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -79,12 +79,12 @@ impl Measure {
 
 async fn rank_pods(client: &Client, ns: &str, job: &str) -> Result<Vec<(u32, String, String)>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("{}={job}", m::labels::JOB));
+    let lp = ListParams::default().labels(&labels::job_selector(job));
     let mut out = Vec::new();
     for p in pods.list(&lp).await? {
         let labels = p.metadata.labels.clone().unwrap_or_default();
         let rank = labels
-            .get(m::labels::RANK)
+            .get(labels::RANK)
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);
         let node = p

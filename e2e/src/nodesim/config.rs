@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use heterotrain_crds::resources::cpu_cores;
 use serde::Deserialize;
 
 /// The whole file.
@@ -106,23 +107,12 @@ impl NodesFile {
             if !(n.speed.is_finite() && n.speed > 0.0 && n.speed <= 64.0) {
                 bail!("node {}: speed {} must be in (0, 64]", n.name, n.speed);
             }
-            if parse_cpu(&n.cpu).is_none() {
+            if cpu_cores(&n.cpu).is_none() {
                 bail!("node {}: cpu {:?} is not a CPU quantity", n.name, n.cpu);
             }
         }
         Ok(())
     }
-}
-
-/// Parse a CPU quantity ("2", "500m", "1.5") into cores.
-pub fn parse_cpu(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let v = if let Some(m) = q.strip_suffix('m') {
-        m.parse::<f64>().ok()? / 1000.0
-    } else {
-        q.parse::<f64>().ok()?
-    };
-    (v.is_finite() && v > 0.0).then_some(v)
 }
 
 #[cfg(test)]
@@ -141,8 +131,5 @@ mod tests {
         assert!(NodesFile::parse("nodes:\n- {name: A}\n").is_err());
         assert!(NodesFile::parse("nodes:\n- {name: a}\n- {name: a}\n").is_err());
         assert!(NodesFile::parse("nodes:\n- {name: a, typo: 1}\n").is_err());
-        assert_eq!(parse_cpu("500m"), Some(0.5));
-        assert_eq!(parse_cpu("2"), Some(2.0));
-        assert_eq!(parse_cpu("x"), None);
     }
 }

@@ -16,9 +16,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use heterotrain_crds::resources;
 use k8s_openapi::api::core::v1::Container;
-
-use super::config::parse_cpu;
 
 /// The executable for `argv[0]` (see the module docs).
 pub fn find_program(name: &str) -> Option<PathBuf> {
@@ -101,12 +100,8 @@ pub fn simulate_gpu_args(argv: &mut [String]) {
 
 /// CPU cores the container may use before the node's speed is applied.
 pub fn cpu_limit(container: &Container, node_cpu: f64) -> f64 {
-    container
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|l| l.get("cpu"))
-        .and_then(|q| parse_cpu(&q.0))
+    resources::cpu_limit(container.resources.as_ref())
+        .and_then(|q| resources::cpu_cores(&q.0))
         .unwrap_or(node_cpu)
 }
 

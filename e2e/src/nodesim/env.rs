@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Result};
+use heterotrain_crds::resources::whole_cpus;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::api::Api;
 use kube::Client;
@@ -57,32 +58,24 @@ pub async fn resolve(
                 let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
                 let cm = api.get_opt(&c.name).await?;
                 let v = cm.and_then(|cm| cm.data?.get(&c.key).cloned());
-                if v.is_none() && !c.optional.unwrap_or(false) {
-                    return Err(anyhow!(
-                        "env {}: configmap {}/{} key {} missing",
-                        var.name,
-                        ns,
-                        c.name,
-                        c.key
-                    ));
-                }
-                v
+                key_ref(v, c.optional, || {
+                    format!(
+                        "env {}: configmap {ns}/{} key {} missing",
+                        var.name, c.name, c.key
+                    )
+                })?
             } else if let Some(s) = from.secret_key_ref {
                 let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
                 let sec = api.get_opt(&s.name).await?;
                 let v = sec
                     .and_then(|s2| s2.data?.get(&s.key).cloned())
                     .map(|b| String::from_utf8_lossy(&b.0).to_string());
-                if v.is_none() && !s.optional.unwrap_or(false) {
-                    return Err(anyhow!(
-                        "env {}: secret {}/{} key {} missing",
-                        var.name,
-                        ns,
-                        s.name,
-                        s.key
-                    ));
-                }
-                v
+                key_ref(v, s.optional, || {
+                    format!(
+                        "env {}: secret {ns}/{} key {} missing",
+                        var.name, s.name, s.key
+                    )
+                })?
             } else {
                 None
             }
@@ -94,6 +87,19 @@ pub async fn resolve(
         }
     }
     Ok(out)
+}
+
+/// The value of a ConfigMap or Secret key reference: `value`, or an error
+/// saying `missing()` when it is absent and the reference is not optional.
+fn key_ref(
+    value: Option<String>,
+    optional: Option<bool>,
+    missing: impl FnOnce() -> String,
+) -> Result<Option<String>> {
+    if value.is_none() && !optional.unwrap_or(false) {
+        return Err(anyhow!(missing()));
+    }
+    Ok(value)
 }
 
 /// `$(VAR)` expansion of earlier variables, as Kubernetes does.
@@ -115,7 +121,7 @@ fn resource_field(c: &Container, resource: &str) -> Option<String> {
     let q = map.get(key)?.0.clone();
     if key == "cpu" {
         // Rounded up to whole cores, as the downward API does with divisor 1.
-        return super::config::parse_cpu(&q).map(|c| (c.ceil() as u64).to_string());
+        return whole_cpus(&q).map(|c| c.to_string());
     }
     Some(q)
 }
@@ -131,24 +137,16 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": []}
         }))
         .unwrap();
-        assert_eq!(
-            field_ref(&pod, "metadata.name", "127.1.0.2").as_deref(),
-            Some("j-0")
-        );
-        assert_eq!(
-            field_ref(&pod, "metadata.namespace", "").as_deref(),
-            Some("ns")
-        );
-        assert_eq!(
-            field_ref(&pod, "status.podIP", "127.1.0.2").as_deref(),
-            Some("127.1.0.2")
-        );
-        assert_eq!(
-            field_ref(&pod, "metadata.labels['a']", "").as_deref(),
-            Some("b")
-        );
-        assert_eq!(field_ref(&pod, "spec.nodeName", "").as_deref(), Some("n1"));
-        assert_eq!(field_ref(&pod, "bogus", ""), None);
+        for (path, pod_ip, want) in [
+            ("metadata.name", "127.1.0.2", Some("j-0")),
+            ("metadata.namespace", "", Some("ns")),
+            ("status.podIP", "127.1.0.2", Some("127.1.0.2")),
+            ("metadata.labels['a']", "", Some("b")),
+            ("spec.nodeName", "", Some("n1")),
+            ("bogus", "", None),
+        ] {
+            assert_eq!(field_ref(&pod, path, pod_ip).as_deref(), want, "{path}");
+        }
         let mut env = BTreeMap::new();
         env.insert("X".to_string(), "1".to_string());
         assert_eq!(expand("a$(X)b", &env), "a1b");

@@ -2,18 +2,18 @@
 //! `/etc/hosts` per simulator instance, edited in place under a lock (the
 //! file may be a bind mount, so it is never replaced), and removed on stop.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use anyhow::{Context, Result};
+
+use super::entries::Entries;
 
 /// The managed entries of one simulator instance.
 pub struct HostsFile {
     path: PathBuf,
     marker: String,
-    entries: Mutex<BTreeMap<String, (String, Vec<String>)>>,
+    entries: Entries<(String, Vec<String>)>,
 }
 
 impl HostsFile {
@@ -22,26 +22,19 @@ impl HostsFile {
         HostsFile {
             path: path.to_path_buf(),
             marker: format!("heterotrain-nodesim {instance}"),
-            entries: Mutex::new(BTreeMap::new()),
+            entries: Entries::default(),
         }
     }
 
     /// Map `names` to `ip`, keyed by `key` (the pod's UID).
     pub fn add(&self, key: &str, ip: &str, names: Vec<String>) -> Result<()> {
-        if let Ok(mut e) = self.entries.lock() {
-            e.insert(key.to_string(), (ip.to_string(), names));
-        }
+        self.entries.insert(key, (ip.to_string(), names));
         self.sync()
     }
 
     /// Remove the entries under `key`.
     pub fn remove(&self, key: &str) -> Result<()> {
-        let changed = self
-            .entries
-            .lock()
-            .map(|mut e| e.remove(key).is_some())
-            .unwrap_or(false);
-        if changed {
+        if self.entries.remove(key) {
             self.sync()?;
         }
         Ok(())
@@ -49,9 +42,7 @@ impl HostsFile {
 
     /// Remove the whole block.
     pub fn clear(&self) -> Result<()> {
-        if let Ok(mut e) = self.entries.lock() {
-            e.clear();
-        }
+        self.entries.clear();
         self.sync()
     }
 
@@ -65,13 +56,13 @@ impl HostsFile {
 
     /// Rewrite our block under an exclusive `flock` on the file.
     fn sync(&self) -> Result<()> {
-        let block: Vec<String> = match self.entries.lock() {
-            Ok(e) => e
-                .values()
-                .map(|(ip, names)| format!("{ip} {}", names.join(" ")))
-                .collect(),
-            Err(_) => return Ok(()),
+        let Some(entries) = self.entries.values() else {
+            return Ok(());
         };
+        let block: Vec<String> = entries
+            .iter()
+            .map(|(ip, names)| format!("{ip} {}", names.join(" ")))
+            .collect();
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

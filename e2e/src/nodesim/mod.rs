@@ -11,6 +11,7 @@
 pub mod cgroup;
 pub mod config;
 pub mod container;
+pub mod entries;
 pub mod env;
 pub mod hosts;
 pub mod mounts;

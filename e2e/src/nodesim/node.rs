@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
+use heterotrain_crds::labels;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
@@ -14,23 +15,21 @@ use super::config::NodeConfig;
 
 /// Field manager of the simulator's writes.
 pub const MANAGER: &str = "heterotrain-nodesim";
-/// Label marking simulated nodes.
-pub const SIMULATED_LABEL: &str = "heterotrain.dev/simulated";
 
-fn labels(cfg: &NodeConfig) -> BTreeMap<String, String> {
+fn node_labels(cfg: &NodeConfig) -> BTreeMap<String, String> {
     let mut l = BTreeMap::new();
-    l.insert("kubernetes.io/hostname".into(), cfg.name.clone());
-    l.insert("kubernetes.io/os".into(), "linux".into());
-    l.insert(SIMULATED_LABEL.into(), "true".into());
-    l.insert("heterotrain.dev/speed".into(), format!("{}", cfg.speed));
+    l.insert(labels::HOSTNAME.into(), cfg.name.clone());
+    l.insert(labels::OS.into(), "linux".into());
+    l.insert(labels::SIMULATED.into(), "true".into());
+    l.insert(labels::SPEED.into(), format!("{}", cfg.speed));
     let accel = match (&cfg.gpu_product, cfg.gpus) {
         (Some(p), _) => p.clone(),
         (None, 0) => "cpu".into(),
         (None, _) => "gpu".into(),
     };
-    l.insert(heterotrain_crds::metrics::labels::ACCELERATOR.into(), accel);
+    l.insert(labels::ACCELERATOR.into(), accel);
     if let Some(p) = &cfg.gpu_product {
-        l.insert("nvidia.com/gpu.product".into(), p.clone());
+        l.insert(labels::GPU_PRODUCT.into(), p.clone());
     }
     l.extend(cfg.labels.clone());
     l
@@ -78,7 +77,7 @@ pub async fn register(client: &Client, cfg: &NodeConfig) -> Result<()> {
     let node = json!({
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": cfg.name, "labels": labels(cfg)},
+        "metadata": {"name": cfg.name, "labels": node_labels(cfg)},
     });
     nodes
         .patch(

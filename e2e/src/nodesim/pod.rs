@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use heterotrain_crds::resources::cpu_cores;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use super::cgroup::{join_from_child, Cgroup};
-use super::config::parse_cpu;
 use super::container::{argv, cpu_limit, find_program, simulate_gpu_args, wants_gpu};
 use super::{status, Ctx};
 use crate::keeper::{signal_group, spawn_tied};
@@ -179,7 +179,7 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         env.insert("KUBERNETES_SERVICE_PORT".into(), ctx.api().port.to_string());
     }
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
-    let limit = cpu_limit(&container, parse_cpu(&node.cpu).unwrap_or(1.0));
+    let limit = cpu_limit(&container, cpu_cores(&node.cpu).unwrap_or(1.0));
     let cores = limit * ctx.speed_of(&node_name);
     let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?.map(Arc::new);
     if let (Some(cg), Ok(mut slot)) = (&cgroup, running.cgroup.lock()) {

@@ -3,19 +3,20 @@
 //! targets, rewritten to a file on each change once enabled (see
 //! [`crate::prometheus`]).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use heterotrain_crds::metrics::labels as L;
+use heterotrain_crds::labels as L;
 use k8s_openapi::api::core::v1::Pod;
+
+use super::entries::Entries;
 
 /// The target list of one simulator, by pod UID.
 #[derive(Default)]
 pub struct Targets {
     /// Where the list goes, when enabled.
     file: Mutex<Option<PathBuf>>,
-    entries: Mutex<BTreeMap<String, serde_json::Value>>,
+    entries: Entries<serde_json::Value>,
 }
 
 impl Targets {
@@ -51,20 +52,14 @@ impl Targets {
                 "group": l(L::GROUP),
             }
         });
-        if let Ok(mut t) = self.entries.lock() {
-            t.insert(pod.metadata.uid.clone().unwrap_or_default(), target);
-        }
+        self.entries
+            .insert(pod.metadata.uid.as_deref().unwrap_or_default(), target);
         self.write();
     }
 
     /// Forget a pod's metrics target.
     pub fn remove(&self, uid: &str) {
-        let removed = self
-            .entries
-            .lock()
-            .map(|mut t| t.remove(uid).is_some())
-            .unwrap_or(false);
-        if removed {
+        if self.entries.remove(uid) {
             self.write();
         }
     }
@@ -73,11 +68,7 @@ impl Targets {
         let Some(path) = self.file.lock().ok().and_then(|p| p.clone()) else {
             return;
         };
-        let all: Vec<_> = self
-            .entries
-            .lock()
-            .map(|t| t.values().cloned().collect())
-            .unwrap_or_default();
+        let all = self.entries.values().unwrap_or_default();
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, serde_json::to_vec_pretty(&all).unwrap_or_default()).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

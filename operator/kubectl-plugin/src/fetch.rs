@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use heterotrain_crds::metrics::{self as m, labels};
+use heterotrain_crds::labels;
+use heterotrain_crds::metrics as m;
 use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
 use heterotrain_operator::names;
 use heterotrain_operator::profile_cache::{self, CachedProfile};
@@ -116,7 +117,7 @@ pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> 
         .with_context(|| format!("heterotrainingjob {name:?} not found in namespace {ns:?}"))?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pods = pods
-        .list(&ListParams::default().labels(&names::job_selector(name)))
+        .list(&ListParams::default().labels(&labels::job_selector(name)))
         .await
         .context("listing the job's pods")?
         .items;

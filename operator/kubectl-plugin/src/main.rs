@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
-use kubectl_heterotrain::{fetch, render};
+use kubectl_heterotrain::{fetch, render, JobView};
 
 /// Inspect HeteroTrain jobs: groups, ranks, batches, throughput, balance and plans.
 #[derive(Parser, Debug)]
@@ -53,6 +53,17 @@ enum Cmd {
     },
 }
 
+/// The job `job` in `ns`, fetched and drawn by `draw` as of now.
+async fn view(
+    client: &kube::Client,
+    ns: &str,
+    job: &str,
+    draw: fn(&JobView, Timestamp) -> String,
+) -> anyhow::Result<String> {
+    let v = fetch::job_view(client, ns, job).await?;
+    Ok(draw(&v, Timestamp::now()))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -65,10 +76,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| client.default_namespace().to_string());
     let mut stdout = std::io::stdout();
     match cli.command {
-        Cmd::Status { job } => {
-            let v = fetch::job_view(&client, &ns, &job).await?;
-            print!("{}", render::status(&v, Timestamp::now()));
-        }
+        Cmd::Status { job } => print!("{}", view(&client, &ns, &job, render::status).await?),
         Cmd::Top {
             job,
             interval,
@@ -79,8 +87,8 @@ async fn main() -> anyhow::Result<()> {
                 .filter(|d| !d.is_zero())
                 .context("--interval must be a positive number of seconds")?;
             loop {
-                let text = match fetch::job_view(&client, &ns, &job).await {
-                    Ok(v) => render::status(&v, Timestamp::now()),
+                let text = match view(&client, &ns, &job, render::status).await {
+                    Ok(text) => text,
                     Err(e) if !once => format!("{e:#}\n"),
                     Err(e) => return Err(e),
                 };
@@ -101,10 +109,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Cmd::Plan { job } => {
-            let v = fetch::job_view(&client, &ns, &job).await?;
-            print!("{}", render::plan_history(&v, Timestamp::now()));
-        }
+        Cmd::Plan { job } => print!("{}", view(&client, &ns, &job, render::plan_history).await?),
         Cmd::Profile {
             job,
             operator_namespace,

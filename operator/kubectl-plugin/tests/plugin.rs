@@ -4,7 +4,7 @@
 //! write them), then the plugin binary's tables are checked cell by cell.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use heterotrain_crds::HeteroTrainingJob;
 use heterotrain_e2e::{ClusterOptions, LocalCluster};
@@ -39,11 +39,14 @@ async fn setup(client: &Client) {
     }
     // Pods need the namespace's default ServiceAccount (made by the controller manager).
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sas.get_opt("default").await.unwrap().is_none() {
-        assert!(Instant::now() < deadline, "no default ServiceAccount");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    heterotrain_e2e::wait::eventually(
+        "the default ServiceAccount",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(sas.get_opt("default").await?) },
+    )
+    .await
+    .expect("no default ServiceAccount");
 
     let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), NS);
     create(

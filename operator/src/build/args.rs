@@ -5,7 +5,7 @@ use heterotrain_crds::trainer::ResumeMode;
 use heterotrain_crds::{HeteroTrainingJobSpec, TrainerArgs, WorkerGroup};
 
 use crate::error::Error;
-pub use crate::rank_pod::{data_dir, group_threads, quantity_to_threads};
+pub use crate::rank_pod::{data_dir, group_threads};
 
 /// The trainer binary inside the image.
 pub const TRAINER_BINARY: &str = "heterotrain-trainer";

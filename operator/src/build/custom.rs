@@ -8,8 +8,8 @@ use heterotrain_crds::WorkerGroup;
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume, VolumeMount};
 
 pub use crate::rank_pod::{
-    is_operator_annotation, is_operator_label, operator_mounts, OPERATOR_KEY_PREFIX,
-    OPERATOR_VOLUMES, SHM_PATH, SHM_VOLUME,
+    is_operator_annotation, is_operator_label, operator_mounts, OPERATOR_VOLUMES, SHM_PATH,
+    SHM_VOLUME,
 };
 
 /// The memory-backed `/dev/shm` volume of group `g`, when it sets `shmSize`.

@@ -1,11 +1,12 @@
 //! The headless Service `<job>` that gives every rank a stable DNS name
 //! (`<job>-<rank>.<job>.<ns>.svc`) for rendezvous.
 
+use heterotrain_crds::labels;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::names::{self, common_labels, labels};
+use crate::names::{self, common_labels};
 use crate::validate::ValidatedJob;
 
 /// Headless, publishing not-ready addresses (ranks rendezvous before ready).

@@ -15,7 +15,7 @@ pub use decision::{Decision, JobPhase, StartTime};
 
 use crate::build::hash::changed_sections;
 use crate::conditions::{self as cond, reasons, types, Desired};
-use crate::fetch::{Observed, Phase, RankPod};
+use crate::fetch::{names_where, Observed, Phase, RankPod};
 use crate::names;
 use crate::validate::ValidatedJob;
 
@@ -36,18 +36,8 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
     let restarts = status.restarts;
     let disruptions = status.disruptions;
     let world = v.world_size;
-    let all_names: Vec<String> = obs
-        .pods
-        .iter()
-        .filter(|p| !p.deleting)
-        .map(|p| p.name.clone())
-        .collect();
-    let live_names: Vec<String> = obs
-        .pods
-        .iter()
-        .filter(|p| live(p))
-        .map(|p| p.name.clone())
-        .collect();
+    let all_names = names_where(&obs.pods, |p| !p.deleting);
+    let live_names = names_where(&obs.pods, live);
 
     // Finished jobs stay finished; only clean-up and TTL remain.
     let succeeded = cond::is_true(conds, types::SUCCEEDED);

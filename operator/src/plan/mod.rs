@@ -93,6 +93,12 @@ pub fn equal(v: &ValidatedJob, generation: u64) -> BatchPlan {
     BatchPlan::equal(generation, v.global_batch, v.ranks())
 }
 
+/// The plan in force: `current` when there is one, else the equal split at
+/// generation 0 (what a gang trains on before any plan reaches it).
+pub fn current_or_equal(v: &ValidatedJob, current: Option<&BatchPlan>) -> BatchPlan {
+    current.cloned().unwrap_or_else(|| equal(v, 0))
+}
+
 /// The plan a new gang starts from: the `current` one if any; else the next
 /// generation after an unusable stored one (0 when none), as a split of
 /// cached `profiles` when every rank has one and the policy is not static,

@@ -92,6 +92,15 @@ fn born_equal_and_after_an_unusable_plan() {
 }
 
 #[test]
+fn current_or_equal_keeps_a_plan_and_falls_back_to_generation_0() {
+    let job = fixture("minimal.yaml");
+    let v = valid(&job);
+    let kept = BatchPlan::equal(9, 33, 2);
+    assert_eq!(current_or_equal(&v, Some(&kept)), kept);
+    assert_eq!(current_or_equal(&v, None), equal(&v, 0));
+}
+
+#[test]
 fn born_from_cached_profiles_unless_static() {
     let job = fixture("minimal.yaml");
     let v = valid(&job);

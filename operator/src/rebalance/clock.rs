@@ -91,6 +91,12 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    /// A clock started now, and now.
+    fn started() -> (Instant, DecisionClock) {
+        let t0 = Instant::now();
+        (t0, DecisionClock::new(t0))
+    }
+
     #[test]
     fn needs_both_the_steps_and_the_floor() {
         // 20 steps since step 100, and 30 s since then: due.
@@ -121,8 +127,7 @@ mod tests {
 
     #[test]
     fn clock_learns_its_baseline_then_counts_from_each_decision() {
-        let t0 = Instant::now();
-        let mut c = DecisionClock::new(t0);
+        let (t0, mut c) = started();
         // No step read yet: never due, however late.
         assert_eq!(c.due(None, t0 + 100 * S, 10, S), None);
         // The first step read is the baseline, not a decision.
@@ -138,8 +143,7 @@ mod tests {
 
     #[test]
     fn clock_rebases_when_the_step_goes_back() {
-        let t0 = Instant::now();
-        let mut c = DecisionClock::new(t0);
+        let (t0, mut c) = started();
         c.mark(500, t0);
         // A trainer back at step 100: 100 is the new baseline...
         assert_eq!(c.due(Some(100), t0 + 60 * S, 10, S), None);
@@ -149,8 +153,7 @@ mod tests {
 
     #[test]
     fn unmarked_clock_stays_due_for_a_retry() {
-        let t0 = Instant::now();
-        let mut c = DecisionClock::new(t0);
+        let (t0, mut c) = started();
         assert_eq!(c.due(Some(0), t0, 5, S), None);
         assert_eq!(c.due(Some(5), t0 + 2 * S, 5, S), Some(5));
         // The write failed and the mark was not moved: due at the next scrape.

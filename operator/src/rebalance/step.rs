@@ -139,7 +139,7 @@ pub(super) async fn step(
     // A failed write keeps the previous mark, so the next scrape retries.
     let previous_decision = st.last_decision;
     st.last_decision.mark(decision_step, now);
-    let current = x.plan.clone().unwrap_or_else(|| plan::equal(v, 0));
+    let current = plan::current_or_equal(v, x.plan.as_ref());
     let round = match st.balancer.decide(&current) {
         Ok(r) => r,
         Err(e) => {

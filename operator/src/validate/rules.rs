@@ -3,12 +3,11 @@
 //! CEL). Each problem names the field and says how to fix it. Never panics
 //! on any spec.
 
+use heterotrain_crds::resources::{cpu_limit, whole_cpus};
 use heterotrain_crds::trainer::env;
 use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource, ModelName};
 
 use crate::names;
-
-use crate::rank_pod::quantity_to_threads;
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: u32 = 4096;
@@ -146,13 +145,8 @@ pub fn validate(
             ),
             _ => {}
         }
-        if let Some(cpu) = g
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get("cpu"))
-        {
-            if quantity_to_threads(&cpu.0).is_none() {
+        if let Some(cpu) = cpu_limit(g.resources.as_ref()) {
+            if whole_cpus(&cpu.0).is_none() {
                 bad(
                     &f("resources.limits.cpu"),
                     format!("cpu limit {:?} is not a valid quantity", cpu.0),
