@@ -120,6 +120,33 @@ pub struct HeteroTrainingJobSpec {
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1024, max = 65535))]
     pub metrics_port: u16,
+    /// Isolation of the job's ranks from other pods.
+    #[serde(default)]
+    pub isolation: IsolationSpec,
+}
+
+/// Isolation of a job's ranks. PyTorch's c10d accepts any connection
+/// without authentication, so by default only the job's own pods may reach
+/// its ranks.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IsolationSpec {
+    /// Create the job's NetworkPolicies (default true): ingress to the
+    /// ranks only from the same job's pods (selected by the job-UID label)
+    /// and, on the metrics port, from the operator's and Prometheus's
+    /// namespaces; egress only to the job's pods, DNS and (rank 0) the API
+    /// server. `false` leaves the ranks open to every pod that can reach
+    /// them (the job reports a `NetworkIsolated=False` warning condition).
+    #[serde(default = "default_true")]
+    pub network_policy: bool,
+}
+
+impl Default for IsolationSpec {
+    fn default() -> Self {
+        IsolationSpec {
+            network_policy: true,
+        }
+    }
 }
 
 /// A set of identical ranks placed on one kind of node.

@@ -1,15 +1,19 @@
 //! The Helm chart `charts/heterotrain`, checked with the real `helm` binary
 //! and without a cluster: `helm lint --strict` and `helm template` over
-//! several value sets; the chart's CRD is the generated one; its ClusterRole
-//! has exactly the operator's rules (`operator/rbac.yaml`); the operator pod
-//! is "restricted"-compliant; the monitors, trainer RBAC, NetworkPolicies
-//! and dashboard render as documented.
+//! several value sets; the chart's CRD is the generated one; its Roles and
+//! ClusterRole have exactly the operator's rules (`operator/src/rbac.rs`,
+//! `operator/rbac.yaml`) split by scope, cluster-wide or per watched
+//! namespace; the operator pod is "restricted"-compliant; the trainers'
+//! ServiceAccount is granted nothing by the chart; the monitors,
+//! NetworkPolicies and dashboard render as documented. What the RBAC
+//! allows on a real API server: `tests/rbac_matrix.rs`.
 
 mod support;
 
 use std::collections::BTreeSet;
 
-use heterotrain_crds::metrics::labels;
+use heterotrain_crds::labels;
+use heterotrain_operator::rbac;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
@@ -92,42 +96,205 @@ fn normalized(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
     rules
 }
 
+/// The rules of the `kind` named `name` (in `ns`, for Roles), normalized.
+fn rules_of(docs: &[Value], kind_: &str, ns: Option<&str>, name_: &str) -> Vec<PolicyRule> {
+    let found: Vec<&Value> = all(docs, kind_)
+        .into_iter()
+        .filter(|o| name(o) == name_ && ns.is_none_or(|ns| namespace(o) == ns))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {kind_} {ns:?}/{name_}, got {}",
+        found.len()
+    );
+    let rules = if kind_ == "ClusterRole" {
+        typed::<ClusterRole>(found[0]).rules
+    } else {
+        typed::<Role>(found[0]).rules
+    };
+    normalized(rules.unwrap_or_default())
+}
+
+/// The binding `kind` `ns`/`name_` binds the operator pod's ServiceAccount to `role`.
+fn assert_binds_operator(
+    docs: &[Value],
+    what: &str,
+    kind_: &str,
+    ns: Option<&str>,
+    name_: &str,
+    role: &str,
+) {
+    let found: Vec<&Value> = all(docs, kind_)
+        .into_iter()
+        .filter(|o| name(o) == name_ && ns.is_none_or(|ns| namespace(o) == ns))
+        .collect();
+    assert_eq!(found.len(), 1, "{what}: one {kind_} {ns:?}/{name_}");
+    let binding = found[0];
+    assert_eq!(
+        binding["roleRef"]["name"],
+        Value::from(role),
+        "{what}: {kind_} {name_}"
+    );
+    let subjects = binding["subjects"].as_sequence().expect("subjects");
+    assert_eq!(
+        subjects.len(),
+        1,
+        "{what}: {kind_} {name_} binds one subject"
+    );
+    let subject = &subjects[0];
+    let pod = operator_pod(docs);
+    assert_eq!(subject["kind"], Value::from("ServiceAccount"));
+    assert_eq!(subject["namespace"], Value::from(NAMESPACE));
+    assert_eq!(
+        subject["name"].as_str(),
+        pod.service_account_name.as_deref(),
+        "{what}: {kind_} {name_}: the subject is the operator pod's ServiceAccount"
+    );
+    assert!(
+        all(docs, "ServiceAccount")
+            .iter()
+            .any(|sa| subject["name"].as_str() == Some(name(sa)) && namespace(sa) == NAMESPACE),
+        "{what}: the chart creates the operator's ServiceAccount"
+    );
+}
+
+const OPERATOR_ROLE: &str = "ht-heterotrain-operator";
+const STATE_ROLE: &str = "ht-heterotrain-operator-state";
+
 #[test]
-fn cluster_role_has_exactly_the_operators_rules() {
-    let expected: ClusterRole = serde_yaml::from_str(
+fn operator_rbac_is_exactly_the_operators_rules_split_by_scope() {
+    let generated: ClusterRole = serde_yaml::from_str(
         &std::fs::read_to_string(repo_root().join("operator/rbac.yaml"))
             .expect("operator/rbac.yaml"),
     )
     .expect("operator/rbac.yaml parses");
     for (what, extra) in value_sets() {
         let docs = template(&extra);
-        let role: ClusterRole = typed(one(&docs, "ClusterRole"));
-        assert_eq!(
-            normalized(role.rules.clone().unwrap_or_default()),
-            normalized(expected.rules.clone().unwrap_or_default()),
-            "{what}: the chart's ClusterRole differs from operator/rbac.yaml (`heterotrain-operator rbac`)"
+        let watched: Vec<String> = extra
+            .iter()
+            .find_map(|a| a.strip_prefix("watchNamespaces="))
+            .map(|l| {
+                l.trim_matches(|c| c == '{' || c == '}')
+                    .split(',')
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![NAMESPACE.to_string()]);
+        let cluster_wide = extra.contains(&"watchAllNamespaces=true");
+        let profile_cache = !extra.contains(&"operator.profileCache=false");
+        let cluster_rules = rules_of(&docs, "ClusterRole", None, OPERATOR_ROLE);
+        let state_rules = rules_of(&docs, "Role", Some(NAMESPACE), STATE_ROLE);
+        assert_binds_operator(
+            &docs,
+            what,
+            "ClusterRoleBinding",
+            None,
+            OPERATOR_ROLE,
+            OPERATOR_ROLE,
         );
-        let binding = one(&docs, "ClusterRoleBinding");
-        assert_eq!(
-            binding["roleRef"]["name"],
-            Value::from(name(one(&docs, "ClusterRole")))
+        assert_binds_operator(
+            &docs,
+            what,
+            "RoleBinding",
+            Some(NAMESPACE),
+            STATE_ROLE,
+            STATE_ROLE,
         );
-        let subject = &binding["subjects"][0];
-        let deploy: Deployment = typed(one(&docs, "Deployment"));
-        let pod = deploy.spec.template.spec.unwrap();
-        assert_eq!(subject["kind"], Value::from("ServiceAccount"));
-        assert_eq!(subject["namespace"], Value::from(NAMESPACE));
-        assert_eq!(
-            subject["name"].as_str(),
-            pod.service_account_name.as_deref(),
-            "{what}: the binding's subject is the operator pod's ServiceAccount"
-        );
-        assert!(
-            all(&docs, "ServiceAccount")
-                .iter()
-                .any(|sa| subject["name"].as_str() == Some(name(sa)) && namespace(sa) == NAMESPACE),
-            "{what}: the chart creates the operator's ServiceAccount"
-        );
+        if cluster_wide {
+            // Cluster-wide: the ClusterRole has the namespaced and
+            // cluster-scoped rules; the Lease is a Role of its own.
+            assert_eq!(
+                cluster_rules,
+                normalized(rbac::cluster_wide_rules()),
+                "{what}: the chart's ClusterRole differs from operator/src/rbac.rs"
+            );
+            assert_eq!(
+                state_rules,
+                normalized(vec![rbac::policy_rule(&rbac::LEASE_RULE)]),
+                "{what}: the release namespace's Role grants the Lease by name only"
+            );
+            // ... which together are operator/rbac.yaml but for Lease create.
+            let mut chart = cluster_rules.clone();
+            chart.extend(state_rules.clone());
+            chart.push(rbac::policy_rule(&rbac::LEASE_CREATE_RULE));
+            assert_eq!(
+                normalized(chart),
+                normalized(generated.rules.clone().unwrap_or_default()),
+                "{what}: the chart's operator rules differ from operator/rbac.yaml (`heterotrain-operator rbac`)"
+            );
+            assert!(
+                !all(&docs, "Role").iter().any(|r| name(r) == OPERATOR_ROLE),
+                "{what}: no namespaced operator Role cluster-wide"
+            );
+        } else {
+            // Namespaced: cluster-scoped reads only, a Role per watched namespace.
+            assert_eq!(
+                cluster_rules,
+                normalized(rbac::cluster_scoped_rules()),
+                "{what}: the ClusterRole holds only the cluster-scoped reads"
+            );
+            for ns in &watched {
+                assert_eq!(
+                    rules_of(&docs, "Role", Some(ns), OPERATOR_ROLE),
+                    normalized(rbac::namespaced_rules()),
+                    "{what}: the operator's Role in {ns}"
+                );
+                assert_binds_operator(
+                    &docs,
+                    what,
+                    "RoleBinding",
+                    Some(ns),
+                    OPERATOR_ROLE,
+                    OPERATOR_ROLE,
+                );
+            }
+            let operator_roles: BTreeSet<&str> = all(&docs, "Role")
+                .into_iter()
+                .filter(|r| name(r) == OPERATOR_ROLE)
+                .map(namespace)
+                .collect();
+            assert_eq!(
+                operator_roles,
+                watched.iter().map(String::as_str).collect(),
+                "{what}: operator Roles exactly in the watched namespaces"
+            );
+            let mut state = vec![rbac::policy_rule(&rbac::LEASE_RULE)];
+            if profile_cache {
+                state.push(rbac::policy_rule(&rbac::PROFILE_CACHE_RULE));
+            }
+            assert_eq!(
+                state_rules,
+                normalized(state),
+                "{what}: the release namespace's Role grants the Lease and profile cache by name"
+            );
+        }
+        for r in &state_rules {
+            assert!(
+                r.resource_names.as_ref().is_some_and(|n| !n.is_empty()),
+                "{what}: every rule of the state Role names its objects: {r:?}"
+            );
+            assert!(
+                !r.verbs.iter().any(|v| v == "create"),
+                "{what}: no create: {r:?}"
+            );
+        }
+    }
+}
+
+/// The chart grants the trainers nothing: no Role or RoleBinding names or
+/// binds `heterotrain-trainer`, and no role reads every ConfigMap for them.
+fn assert_no_trainer_grant(docs: &[Value], what: &str) {
+    for k in ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] {
+        for o in all(docs, k) {
+            assert_ne!(name(o), "heterotrain-trainer", "{what}: {k} {}", name(o));
+            let subjects = o["subjects"].as_sequence().cloned().unwrap_or_default();
+            assert!(
+                !subjects.iter().any(|s| s["name"] == "heterotrain-trainer"),
+                "{what}: {k} {} binds the trainers",
+                name(o)
+            );
+        }
     }
 }
 
@@ -215,29 +382,15 @@ fn defaults_render_operator_trainer_identity_and_dashboard() {
     // No Prometheus Operator API: no monitors.
     assert!(all(&docs, "PodMonitor").is_empty() && all(&docs, "ServiceMonitor").is_empty());
     assert!(all(&docs, "NetworkPolicy").is_empty());
-    // The trainers' ServiceAccount, read-only on ConfigMaps, in the release namespace.
+    // The trainers' ServiceAccount in the release namespace, granted nothing
+    // by the chart: the operator grants each job's ServiceAccount its own plan.
     let sas: Vec<_> = all(&docs, "ServiceAccount")
         .into_iter()
         .filter(|s| name(s) == "heterotrain-trainer")
         .collect();
     assert_eq!(sas.len(), 1);
     assert_eq!(namespace(sas[0]), NAMESPACE);
-    let role: Role = typed(one(&docs, "Role"));
-    assert_eq!(
-        role.rules.unwrap_or_default(),
-        vec![PolicyRule {
-            api_groups: Some(vec!["".into()]),
-            resources: Some(vec!["configmaps".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..Default::default()
-        }],
-        "trainers may read their plan ConfigMap and nothing else"
-    );
-    let rb = one(&docs, "RoleBinding");
-    assert_eq!(
-        rb["subjects"][0]["name"],
-        Value::from("heterotrain-trainer")
-    );
+    assert_no_trainer_grant(&docs, "defaults");
     // The dashboard ConfigMap for Grafana's sidecar holds the chart's dashboard.
     let cm = all(&docs, "ConfigMap")
         .into_iter()
@@ -359,16 +512,24 @@ fn several_watched_namespaces_each_get_the_trainer_identity() {
         "--api-versions",
         "monitoring.coreos.com/v1",
     ]);
-    for k in ["ServiceAccount", "Role", "RoleBinding"] {
-        let nss: BTreeSet<&str> = all(&docs, k)
-            .into_iter()
-            .filter(|o| name(o) == "heterotrain-trainer")
-            .map(namespace)
-            .collect();
-        assert_eq!(nss, BTreeSet::from(["team-a", "team-b"]), "{k}");
-    }
-    // More than one namespace: the operator watches all of them.
+    let nss: BTreeSet<&str> = all(&docs, "ServiceAccount")
+        .into_iter()
+        .filter(|o| name(o) == "heterotrain-trainer")
+        .map(namespace)
+        .collect();
+    assert_eq!(nss, BTreeSet::from(["team-a", "team-b"]));
+    assert_no_trainer_grant(&docs, "team-a, team-b");
+    // More than one namespace: the operator watches exactly these.
     let args = args_of(&operator_pod(&docs));
+    assert!(
+        args.contains(&"--namespace=team-a,team-b".to_string()),
+        "{args:?}"
+    );
+    // Every namespace: no --namespace.
+    let args = args_of(&operator_pod(&template(&[
+        "--set",
+        "watchAllNamespaces=true",
+    ])));
     assert!(
         !args.iter().any(|a| a.starts_with("--namespace")),
         "{args:?}"

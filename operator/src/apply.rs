@@ -3,27 +3,33 @@
 //! built; nothing here decides what they contain.
 
 use heterotrain_crds::HeteroTrainingJob;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::Client;
 use serde::Serialize;
 
+use crate::build::Desired;
 use crate::error::{Error, Result};
-use crate::names::FIELD_MANAGER;
+use crate::names::{self, FIELD_MANAGER};
 
 /// Server-side apply parameters (forced: the operator owns these fields).
 pub fn ssa() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-async fn apply<K>(api: &Api<K>, obj: &K, what: &'static str) -> Result<K>
+/// Server-side apply `obj` in namespace `ns`.
+async fn apply<K>(client: &Client, ns: &str, obj: &K) -> Result<()>
 where
-    K: kube::Resource<DynamicType = ()>
+    K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + k8s_openapi::Resource
         + Clone
         + Serialize
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
+    let what = <K as k8s_openapi::Resource>::KIND;
     let name = obj
         .meta()
         .name
@@ -35,35 +41,50 @@ where
         map.insert("apiVersion".into(), K::api_version(&()).into());
         map.insert("kind".into(), K::kind(&()).into());
     }
-    Ok(api.patch(&name, &ssa(), &Patch::Apply(value)).await?)
+    Api::<K>::namespaced(client.clone(), ns)
+        .patch(&name, &ssa(), &Patch::Apply(value))
+        .await?;
+    Ok(())
 }
 
-/// Apply the headless Service.
-pub async fn service(client: &Client, ns: &str, svc: &Service) -> Result<()> {
-    apply(
-        &Api::<Service>::namespaced(client.clone(), ns),
-        svc,
-        "Service",
-    )
-    .await?;
+/// A delete's outcome, where an object already gone counts as deleted.
+fn deleted<T>(result: kube::Result<T>) -> Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Apply what a gang needs before its pods: the Service, the trainers'
+/// Role and RoleBinding and the NetworkPolicies (the Role before its
+/// binding, the policies before any pod they guard). Without policies in
+/// `desired` (isolation off) the job's policies are deleted.
+pub async fn children(client: &Client, ns: &str, desired: &Desired) -> Result<()> {
+    apply(client, ns, &desired.service).await?;
+    apply(client, ns, &desired.access.0).await?;
+    apply(client, ns, &desired.access.1).await?;
+    for p in &desired.policies {
+        apply(client, ns, p).await?;
+    }
+    if desired.policies.is_empty() {
+        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+        let job = desired.service.metadata.name.as_deref().unwrap_or_default();
+        for name in [names::network_policy(job), names::api_network_policy(job)] {
+            deleted(api.delete(&name, &DeleteParams::default()).await)?;
+        }
+    }
     Ok(())
 }
 
 /// Apply a ConfigMap.
 pub async fn configmap(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
-    apply(
-        &Api::<ConfigMap>::namespaced(client.clone(), ns),
-        cm,
-        "ConfigMap",
-    )
-    .await?;
-    Ok(())
+    apply(client, ns, cm).await
 }
 
 /// Create (apply) a rank pod.
 pub async fn pod(client: &Client, ns: &str, pod: &Pod) -> Result<()> {
-    apply(&Api::<Pod>::namespaced(client.clone(), ns), pod, "Pod").await?;
-    Ok(())
+    apply(client, ns, pod).await
 }
 
 /// Delete pods by name; already-gone pods are fine.
@@ -71,13 +92,7 @@ pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let deletes = names.iter().map(|name| {
         let api = api.clone();
-        async move {
-            match api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => Ok::<(), Error>(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }
+        async move { deleted(api.delete(name, &DeleteParams::default()).await) }
     });
     futures::future::try_join_all(deletes).await?;
     Ok(())
@@ -90,9 +105,5 @@ pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<()> {
         propagation_policy: Some(PropagationPolicy::Background),
         ..Default::default()
     };
-    match api.delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    deleted(api.delete(name, &dp).await)
 }

@@ -23,6 +23,8 @@ pub mod types {
     pub const SPEC_CHANGE_REJECTED: &str = "SpecChangeRejected";
     /// Rank 0's step advances (False: it has not for a while).
     pub const PROGRESSING: &str = "Progressing";
+    /// The job's NetworkPolicies guard its ranks (False: turned off).
+    pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
 }
 
 /// Condition (and Event) reasons.
@@ -57,6 +59,8 @@ pub mod reasons {
     pub const FOREIGN_PODS: &str = "ForeignPods";
     pub const STEP_ADVANCING: &str = "StepAdvancing";
     pub const STALLED: &str = "Stalled";
+    pub const NETWORK_POLICIES: &str = "NetworkPolicies";
+    pub const ISOLATION_DISABLED: &str = "IsolationDisabled";
 }
 
 /// One desired condition (without timestamps).
@@ -69,24 +73,23 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// A condition with status `True`.
-    pub fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+    fn new(type_: &'static str, status: bool, reason: &str, message: impl Into<String>) -> Self {
         Desired {
             type_,
-            status: true,
+            status,
             reason: reason.to_string(),
             message: message.into(),
         }
     }
 
+    /// A condition with status `True`.
+    pub fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Desired::new(type_, true, reason, message)
+    }
+
     /// A condition with status `False`.
     pub fn no(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
-        Desired {
-            type_,
-            status: false,
-            reason: reason.to_string(),
-            message: message.into(),
-        }
+        Desired::new(type_, false, reason, message)
     }
 }
 

@@ -39,10 +39,14 @@ pub struct OperatorConfig {
     pub metrics_source: MetricsSourceMode,
     /// Prometheus URL for jobs that ask for Prometheus without their own URL.
     pub prometheus_url: Option<String>,
-    /// Only watch this namespace (all namespaces when `None`).
-    pub watch_namespace: Option<String>,
+    /// Only watch these namespaces, one watcher each (all namespaces when
+    /// empty).
+    pub watch_namespaces: Vec<String>,
     /// Namespace of the operator itself: Lease and profile cache live here.
     pub operator_namespace: String,
+    /// Namespaces besides the operator's own whose pods may read the ranks'
+    /// `/metrics` through the jobs' NetworkPolicies (Prometheus's).
+    pub metrics_namespaces: Vec<String>,
     /// Store and reuse hardware profiles across jobs.
     pub profile_cache: bool,
     /// This replica's identity (Lease holder, Event reportingInstance).
@@ -55,6 +59,43 @@ pub struct OperatorConfig {
     pub lease_renew_interval: Duration,
     /// How long to wait for the CRD at start before giving up.
     pub crd_wait: Duration,
+}
+
+impl OperatorConfig {
+    /// Namespaces whose pods may read the ranks' `/metrics`: the operator's,
+    /// then `metrics_namespaces`, without repeats.
+    pub fn metrics_from(&self) -> Vec<String> {
+        let mut out = vec![self.operator_namespace.clone()];
+        for ns in &self.metrics_namespaces {
+            if !out.contains(ns) {
+                out.push(ns.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The namespaces of `--namespace`, checked: trimmed, blanks dropped, each a
+/// DNS-1123 label, in the given order without repeats.
+pub fn watch_namespaces(given: &[String]) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for ns in given.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        let ok = ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "--namespace {ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
+            ));
+        }
+        if !out.iter().any(|o| o == ns) {
+            out.push(ns.to_string());
+        }
+    }
+    Ok(out)
 }
 
 impl Default for OperatorConfig {
@@ -73,8 +114,9 @@ impl Default for OperatorConfig {
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,
-            watch_namespace: None,
+            watch_namespaces: Vec::new(),
             operator_namespace: "heterotrain-system".into(),
+            metrics_namespaces: Vec::new(),
             profile_cache: true,
             identity: "heterotrain-operator".into(),
             lease_name: "heterotrain-operator".into(),
@@ -82,5 +124,34 @@ impl Default for OperatorConfig {
             lease_renew_interval: Duration::from_secs(5),
             crd_wait: Duration::from_secs(60),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watched_namespaces_are_checked_and_listed_once() {
+        let given = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            watch_namespaces(&given(&["team-a", " team-b", "", "team-a"])),
+            Ok(vec!["team-a".to_string(), "team-b".to_string()])
+        );
+        assert_eq!(watch_namespaces(&given(&[])), Ok(vec![]));
+        for bad in ["Team", "a_b", "-a", "a-", &"x".repeat(64)] {
+            let err = watch_namespaces(&given(&[bad])).expect_err(bad);
+            assert!(err.contains("--namespace"), "{err}");
+        }
+    }
+
+    #[test]
+    fn metrics_come_from_the_operators_namespace_and_the_named_ones_once() {
+        let cfg = OperatorConfig {
+            operator_namespace: "ht".into(),
+            metrics_namespaces: vec!["monitoring".into(), "ht".into(), "monitoring".into()],
+            ..OperatorConfig::default()
+        };
+        assert_eq!(cfg.metrics_from(), ["ht", "monitoring"]);
     }
 }

@@ -23,9 +23,9 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::guard;
 use crate::leader::{LeaderElector, LeaseEnd};
-use crate::names::labels;
 use crate::rebalance::JobKey;
 use crate::reconcile::reconcile;
+use heterotrain_crds::labels;
 
 /// Requeue with exponential backoff (1 s … 60 s) on transient errors.
 pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -74,14 +74,48 @@ fn established(crd: &CustomResourceDefinition) -> bool {
         })
 }
 
-/// Run the controller until `stop` resolves.
+/// Run the controllers until `stop` resolves: one per watched namespace
+/// (each with its own watches, so a Role per namespace is all the RBAC it
+/// needs), or one over all namespaces when none is given.
 pub async fn run_controller(
     ctx: Arc<Context>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopper = async move {
+        stop.await;
+        let _ = stop_tx.send(true);
+    };
+    let scopes: Vec<Option<String>> = if ctx.config.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        ctx.config
+            .watch_namespaces
+            .iter()
+            .cloned()
+            .map(Some)
+            .collect()
+    };
+    let controllers = scopes.into_iter().map(|ns| {
+        let mut rx = stop_rx.clone();
+        let span = tracing::info_span!("watch", namespace = ns.as_deref().unwrap_or("*"));
+        run_scope(ctx.clone(), ns, async move {
+            let _ = rx.wait_for(|v| *v).await;
+        })
+        .instrument(span)
+    });
+    futures::future::join(stopper, futures::future::join_all(controllers)).await;
+}
+
+/// One controller over namespace `ns` (all namespaces when `None`).
+async fn run_scope(
+    ctx: Arc<Context>,
+    ns: Option<String>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = ctx.client.clone();
     let ar = guard::api_resource();
-    let jobs: Api<DynamicObject> = match &ctx.config.watch_namespace {
+    let jobs: Api<DynamicObject> = match &ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
@@ -89,7 +123,7 @@ pub async fn run_controller(
         watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
     macro_rules! api {
         ($t:ty) => {
-            match &ctx.config.watch_namespace {
+            match &ns {
                 Some(ns) => Api::<$t>::namespaced(client.clone(), ns),
                 None => Api::<$t>::all(client.clone()),
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use heterotrain_operator::config::MetricsSourceMode;
+use heterotrain_operator::config::{self, MetricsSourceMode};
 use heterotrain_operator::metrics::Metrics;
 use heterotrain_operator::{rbac, server, Context, OperatorConfig};
 use tracing_subscriber::EnvFilter;
@@ -57,15 +57,30 @@ struct Cli {
     /// from queueing every reconcile behind all the others at the API server).
     #[arg(long, env = "HETEROTRAIN_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
-    /// Only watch this namespace (default: all namespaces).
-    #[arg(long, env = "HETEROTRAIN_WATCH_NAMESPACE")]
-    namespace: Option<String>,
+    /// Only reconcile jobs in this namespace (default: all namespaces);
+    /// repeat the flag or separate names with commas. One watcher per
+    /// namespace, so namespaced RBAC (a Role in each) is enough.
+    #[arg(
+        long = "namespace",
+        env = "HETEROTRAIN_WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
     /// The operator's own namespace (Lease, profile cache).
     #[arg(long, env = "POD_NAMESPACE", default_value = "heterotrain-system")]
     operator_namespace: String,
     /// This replica's identity for leader election (default: hostname).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// A namespace (besides the operator's own) whose pods may read the
+    /// ranks' /metrics through the jobs' NetworkPolicies, e.g. Prometheus's;
+    /// repeat the flag or separate names with commas.
+    #[arg(
+        long = "metrics-from-namespace",
+        env = "HETEROTRAIN_METRICS_FROM_NAMESPACES",
+        value_delimiter = ','
+    )]
+    metrics_namespaces: Vec<String>,
     /// Disable the profile cache.
     #[arg(long, env = "HETEROTRAIN_NO_PROFILE_CACHE")]
     no_profile_cache: bool,
@@ -112,6 +127,7 @@ async fn run() -> anyhow::Result<()> {
     });
     let config = OperatorConfig {
         trainer_image: cli.trainer_image,
+        metrics_namespaces: cli.metrics_namespaces,
         scrape_interval: secs(cli.scrape_interval, "scrape-interval")?,
         scrape_timeout: secs(cli.scrape_timeout, "scrape-timeout")?,
         scrape_max_body_bytes: cli.scrape_max_bytes,
@@ -123,7 +139,7 @@ async fn run() -> anyhow::Result<()> {
         },
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
-        watch_namespace: cli.namespace,
+        watch_namespaces: config::watch_namespaces(&cli.namespaces).map_err(anyhow::Error::msg)?,
         operator_namespace: cli.operator_namespace,
         profile_cache: !cli.no_profile_cache,
         identity,

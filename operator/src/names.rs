@@ -1,15 +1,12 @@
-//! Names, labels and annotations of the objects a job owns, in one place.
+//! Names of the objects a job owns and the operator's own fixed names, in
+//! one place. Label and annotation keys are `heterotrain_crds::labels`.
 
 use std::collections::BTreeMap;
 
-pub use heterotrain_crds::metrics::labels;
+use heterotrain_crds::labels;
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "heterotrain-operator";
-/// Pod label: the gang generation (status.restarts when the gang was created).
-pub const RESTART_LABEL: &str = "heterotrain.dev/restart";
-/// Pod annotation: hashes of the spec sections that cannot change while running.
-pub const SPEC_HASH_ANNOTATION: &str = "heterotrain.dev/spec-hash";
 /// Name of the trainer container.
 pub const CONTAINER: &str = "trainer";
 /// Default ServiceAccount of rank pods.
@@ -47,9 +44,26 @@ pub fn common_labels(job: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// Label selector matching every pod of `job`.
-pub fn job_selector(job: &str) -> String {
-    format!("{}={job}", labels::JOB)
+/// The trainers' Role and RoleBinding: `<job>-trainer`.
+pub fn trainer_role(job: &str) -> String {
+    format!("{job}-trainer")
+}
+
+/// The NetworkPolicy isolating the job's ranks: `<job>`.
+pub fn network_policy(job: &str) -> String {
+    job.to_string()
+}
+
+/// The NetworkPolicy letting rank 0 reach the API server: `<job>-api`.
+pub fn api_network_policy(job: &str) -> String {
+    format!("{job}-api")
+}
+
+/// The ServiceAccount the job's rank pods run as.
+pub fn service_account(spec: &heterotrain_crds::HeteroTrainingJobSpec) -> String {
+    spec.service_account_name
+        .clone()
+        .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.into())
 }
 
 #[cfg(test)]
@@ -61,6 +75,5 @@ mod tests {
         assert_eq!(pod_name("j", 3), "j-3");
         assert_eq!(plan_configmap("j"), "j-plan");
         assert_eq!(master_addr("j", "ns"), "j-0.j.ns.svc");
-        assert_eq!(job_selector("j"), "heterotrain.dev/job=j");
     }
 }

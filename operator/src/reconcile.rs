@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use heterotrain_crds::{BatchPlan, HeteroTrainingJob};
+use heterotrain_crds::{labels, BatchPlan, HeteroTrainingJob};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::events::{self, EventSpec};
 use crate::fetch::{self, Observed};
 use crate::lifecycle::{self, Decision};
-use crate::names::{self, labels};
+use crate::names;
 use crate::rebalance::JobKey;
 use crate::status::{self, Extras};
 use crate::validate::{self, Checked, ValidatedJob};
@@ -165,9 +165,10 @@ async fn apply_decision(
         let inputs = BuildInputs {
             default_image: ctx.config.trainer_image.clone(),
             restart_count: d.restarts,
+            metrics_from: ctx.config.metrics_from(),
         };
         let desired = build::desired(v, &inputs)?;
-        apply::service(client, &v.namespace, &desired.service).await?;
+        apply::children(client, &v.namespace, &desired).await?;
         if plan_now.is_none() {
             let initial = plan::initial(client, &ctx.config, v, &obs.plan).await;
             plan::write(client, v, &initial).await?;
@@ -215,12 +216,7 @@ async fn remove_foreign(
     if d.create_ranks.len() != before {
         d.requeue(Duration::from_secs(1));
     }
-    let stale: Vec<String> = obs
-        .foreign
-        .iter()
-        .filter(|p| !p.deleting)
-        .map(|p| p.name.clone())
-        .collect();
+    let stale = fetch::names_where(&obs.foreign, |p| !p.deleting);
     if stale.is_empty() {
         return Ok(());
     }

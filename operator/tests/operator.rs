@@ -847,3 +847,45 @@ async fn pods_the_job_did_not_create_are_deleted_not_adopted() {
     assert!(!foreign.is_empty(), "no ForeignPods event");
     op.stop().await;
 }
+
+#[tokio::test]
+async fn watches_exactly_its_namespaces_with_roles_only_there() {
+    let home = env("scoped-home").await;
+    let watched = [env("scoped-b").await, env("scoped-c").await];
+    let other = env("scoped-d").await;
+    let client = scoped_operator(&home, "scoped-operator", &["scoped-b", "scoped-c"]).await;
+    let mut config = test_config(&home, "scoped");
+    config.watch_namespaces = vec!["scoped-b".into(), "scoped-c".into()];
+    config.profile_cache = false;
+    // The unwatched namespace's job first: an operator that watched it
+    // would handle it no later than the others.
+    create_job(&other, &job_from_yaml(&other.ns, &job_yaml("train", 2, ""))).await;
+    for e in &watched {
+        create_job(e, &job_from_yaml(&e.ns, &job_yaml("train", 2, ""))).await;
+    }
+    let op = Operator::start_as(client, config);
+    for e in &watched {
+        eventually(
+            Duration::from_secs(60),
+            &format!("2 pods in {}", e.ns),
+            || async { (pods(e, "train").await.len() == 2).then_some(()) },
+        )
+        .await;
+        let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(e.admin.clone(), &e.ns);
+        let role = roles.get("train-trainer").await.expect("trainer Role");
+        assert_eq!(
+            role.rules.expect("rules")[0].resource_names,
+            Some(vec!["train-plan".to_string()])
+        );
+        let nps: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+            Api::namespaced(e.admin.clone(), &e.ns);
+        assert!(nps.get_opt("train").await.expect("get").is_some());
+    }
+    // Give an all-namespaces watch time to show itself, then look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(pods(&other, "train").await.is_empty());
+    assert!(plan(&other, "train").await.is_none());
+    let job = get_job(&other, "train").await.expect("job");
+    assert!(job.status.is_none(), "{:?}", job.status);
+    op.stop().await;
+}

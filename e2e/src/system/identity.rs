@@ -1,6 +1,6 @@
-//! Identities in the test bed: namespaces for jobs with the trainer's
-//! ServiceAccount and Role, and the operator's ServiceAccount bound to its
-//! documented RBAC rules.
+//! Identities in the test bed: namespaces for jobs with the trainers'
+//! ServiceAccount (granted nothing), and the operator's ServiceAccount bound
+//! to its documented RBAC rules.
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
@@ -60,8 +60,10 @@ where
     Ok(())
 }
 
-/// Create a namespace for jobs with the trainer ServiceAccount and its
-/// Role (read and watch ConfigMaps — the plan — nothing else).
+/// Create a namespace for jobs with the trainer ServiceAccount, granted
+/// nothing here: the operator gives each job's ServiceAccount read access
+/// to that job's plan only (Role `<job>-trainer`), so every end-to-end run
+/// proves that this is enough.
 pub async fn prepare_namespace(client: &Client, ns: &str) -> Result<()> {
     let client = client.clone();
     ensure_namespace(&client, ns).await?;
@@ -72,19 +74,6 @@ pub async fn prepare_namespace(client: &Client, ns: &str) -> Result<()> {
             "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TRAINER_SA}
         }),
     )
-    .await?;
-    apply(&Api::<Role>::namespaced(client.clone(), ns), TRAINER_SA, json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": TRAINER_SA},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]
-    }))
-    .await?;
-    apply(&Api::<RoleBinding>::namespaced(client.clone(), ns), TRAINER_SA, json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": TRAINER_SA},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TRAINER_SA},
-        "subjects": [{"kind": "ServiceAccount", "name": TRAINER_SA, "namespace": ns}]
-    }))
     .await?;
     wait_token_secret(&client, ns, TRAINER_SA).await?;
     wait_token_secret(&client, ns, "default").await?;

@@ -181,6 +181,16 @@ pub fn value_sets() -> Vec<(&'static str, Vec<&'static str>)> {
                 "operator.replicas=2",
             ],
         ),
+        (
+            "one namespace, no profile cache",
+            vec![
+                "--set",
+                "watchNamespaces={ml}",
+                "--set",
+                "operator.profileCache=false",
+            ],
+        ),
+        ("every namespace", vec!["--set", "watchAllNamespaces=true"]),
     ]
 }
 

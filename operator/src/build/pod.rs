@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use heterotrain_crds::labels;
 use heterotrain_crds::trainer::env as envs;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
@@ -16,7 +17,7 @@ use super::custom::{merged, with_user_volumes};
 use super::hash::spec_hash;
 use super::BuildInputs;
 use crate::error::{Error, Result};
-use crate::names::{self, common_labels, labels};
+use crate::names::{self, common_labels};
 use crate::validate::ValidatedJob;
 
 /// UID/GID the trainer runs as (non-root).
@@ -83,17 +84,15 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     let mut pod_labels = common_labels(&v.name);
     pod_labels.insert(labels::GROUP.into(), g.name.clone());
     pod_labels.insert(labels::RANK.into(), rank.to_string());
-    pod_labels.insert(
-        names::RESTART_LABEL.into(),
-        inputs.restart_count.to_string(),
-    );
+    pod_labels.insert(labels::RESTART.into(), inputs.restart_count.to_string());
+    pod_labels.insert(labels::JOB_UID.into(), v.owner.uid.clone());
 
     let mut env_vars = vec![
-        env("RANK", rank.to_string()),
-        env("WORLD_SIZE", v.world_size.to_string()),
-        env("LOCAL_RANK", "0"),
-        env("MASTER_ADDR", names::master_addr(&v.name, &v.namespace)),
-        env("MASTER_PORT", spec.master_port.to_string()),
+        env(envs::RANK, rank.to_string()),
+        env(envs::WORLD_SIZE, v.world_size.to_string()),
+        env(envs::LOCAL_RANK, "0"),
+        env(envs::MASTER_ADDR, names::master_addr(&v.name, &v.namespace)),
+        env(envs::MASTER_PORT, spec.master_port.to_string()),
         env_field(envs::POD_IP, "status.podIP"),
         env_field(envs::NAMESPACE, "metadata.namespace"),
         env(envs::PLAN_CONFIGMAP, names::plan_configmap(&v.name)),
@@ -174,7 +173,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
             labels: Some(merged(&g.pod_labels, pod_labels)),
             annotations: Some(merged(
                 &g.pod_annotations,
-                BTreeMap::from([(names::SPEC_HASH_ANNOTATION.to_string(), spec_hash(spec))]),
+                BTreeMap::from([(labels::SPEC_HASH_ANNOTATION.to_string(), spec_hash(spec))]),
             )),
             owner_references: Some(vec![v.owner.clone()]),
             ..Default::default()
@@ -183,11 +182,9 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
             hostname: Some(name),
             subdomain: Some(names::service_name(&v.name)),
             restart_policy: Some("Never".into()),
-            service_account_name: Some(
-                spec.service_account_name
-                    .clone()
-                    .unwrap_or_else(|| names::DEFAULT_SERVICE_ACCOUNT.into()),
-            ),
+            service_account_name: Some(names::service_account(spec)),
+            // Only rank 0 reads the plan ConfigMap: the others get no token.
+            automount_service_account_token: Some(rank == 0),
             node_selector: (!g.node_selector.is_empty()).then(|| g.node_selector.clone()),
             affinity: g.affinity.clone(),
             tolerations: (!g.tolerations.is_empty()).then(|| g.tolerations.clone()),

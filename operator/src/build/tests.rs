@@ -1,8 +1,11 @@
 //! Build-stage tests from the YAML fixtures in `operator/tests/fixtures`
 //! (the plan ConfigMap a new gang gets is rendered by `plan`, checked here too).
 
-use heterotrain_crds::{BatchPlan, PLAN_KEY};
+use heterotrain_crds::{labels, BatchPlan, PLAN_KEY};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 use serde::Deserialize;
 
 use super::*;
@@ -15,6 +18,7 @@ fn inputs(restart: u32) -> BuildInputs {
     BuildInputs {
         default_image: "default/trainer:1".into(),
         restart_count: restart,
+        metrics_from: vec!["heterotrain-system".into(), "monitoring".into()],
     }
 }
 
@@ -258,6 +262,131 @@ fn service_and_plan() {
 }
 
 #[test]
+fn ranks_are_isolated_by_job_uid_and_only_rank_0_reaches_the_api() {
+    let job = fixture("mixed.yaml");
+    let v = valid(&job);
+    let uid = v.owner.uid.clone();
+    let d = desired(&v, &inputs(0)).expect("build");
+    // Every pod carries the job-UID label; only rank 0 mounts a token.
+    for (rank, pod) in d.pods.iter().enumerate() {
+        assert_eq!(pod.labels().get(labels::JOB_UID), Some(&uid), "rank {rank}");
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.automount_service_account_token,
+            Some(rank == 0),
+            "rank {rank}"
+        );
+    }
+    assert_eq!(d.policies.len(), 2);
+    let by_uid = |sel: &LabelSelector| {
+        sel.match_labels
+            .as_ref()
+            .and_then(|m| m.get(labels::JOB_UID))
+            .cloned()
+    };
+    let isolate = d.policies[0].spec.as_ref().expect("spec");
+    assert_eq!(d.policies[0].metadata.name.as_deref(), Some("mixed"));
+    assert_eq!(
+        by_uid(isolate.pod_selector.as_ref().expect("selector")),
+        Some(uid.clone())
+    );
+    assert_eq!(
+        isolate.policy_types.as_deref(),
+        Some(&["Ingress".to_string(), "Egress".to_string()][..])
+    );
+    let ingress = isolate.ingress.as_ref().expect("ingress");
+    // Peers: any port, only from the same job's pods.
+    let peers = ingress[0].from.as_ref().expect("from");
+    assert_eq!(peers.len(), 1);
+    assert_eq!(
+        by_uid(peers[0].pod_selector.as_ref().expect("pods")),
+        Some(uid.clone())
+    );
+    assert!(peers[0].namespace_selector.is_none());
+    // Scrapers: only the metrics port, only from the named namespaces.
+    let ports = ingress[1].ports.as_ref().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].port, Some(IntOrString::Int(9400)));
+    let namespaces: Vec<String> = ingress[1]
+        .from
+        .as_ref()
+        .expect("from")
+        .iter()
+        .filter_map(|p| {
+            p.namespace_selector
+                .as_ref()?
+                .match_labels
+                .as_ref()?
+                .get(labels::NAMESPACE_NAME)
+                .cloned()
+        })
+        .collect();
+    assert_eq!(namespaces, ["heterotrain-system", "monitoring"]);
+    let egress = isolate.egress.as_ref().expect("egress");
+    assert_eq!(
+        by_uid(
+            egress[0].to.as_ref().expect("to")[0]
+                .pod_selector
+                .as_ref()
+                .expect("pods")
+        ),
+        Some(uid.clone())
+    );
+    assert!(egress[1].to.is_none(), "DNS to any resolver");
+    assert!(egress[1]
+        .ports
+        .as_ref()
+        .expect("ports")
+        .iter()
+        .all(|p| p.port == Some(IntOrString::Int(53))));
+    // The API server: rank 0 only.
+    let api = d.policies[1].spec.as_ref().expect("spec");
+    let sel = api
+        .pod_selector
+        .as_ref()
+        .expect("selector")
+        .match_labels
+        .as_ref()
+        .expect("labels");
+    assert_eq!(sel.get(labels::RANK).map(String::as_str), Some("0"));
+    assert_eq!(sel.get(labels::JOB_UID), Some(&uid));
+    assert!(api.ingress.is_none());
+    // The trainers' Role reads the plan only, bound to the pods' account.
+    let (role, binding) = &d.access;
+    let rule = &role.rules.as_ref().expect("rules")[0];
+    assert_eq!(
+        rule.resource_names.as_deref(),
+        Some(&["mixed-plan".to_string()][..])
+    );
+    let sa = d.pods[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone());
+    assert_eq!(
+        binding.subjects.as_ref().map(|s| Some(s[0].name.clone())),
+        Some(sa)
+    );
+    for o in [
+        &d.policies[0].metadata,
+        &d.policies[1].metadata,
+        &role.metadata,
+        &binding.metadata,
+    ] {
+        assert_eq!(o.owner_references.as_ref().expect("owner")[0].uid, uid);
+    }
+}
+
+#[test]
+fn isolation_off_builds_no_policies() {
+    let mut job = fixture("mixed.yaml");
+    job.spec.isolation.network_policy = false;
+    let v = valid(&job);
+    let d = desired(&v, &inputs(0)).expect("build");
+    assert!(d.policies.is_empty());
+    assert_eq!(d.pods[0].labels().get(labels::JOB_UID), Some(&v.owner.uid));
+}
+
+#[test]
 fn minimal_job_uses_defaults() {
     let job = fixture("minimal.yaml");
     let v = valid(&job);
@@ -398,7 +527,11 @@ fn group_pod_customisation_lands_in_its_pods() {
         assert_eq!(l["heterotrain.dev/rank"], rank.to_string());
         assert_eq!(l["heterotrain.dev/group"], "gpu");
         assert_eq!(l["heterotrain.dev/restart"], "2");
-        assert_eq!(l.len(), 7, "{l:?}");
+        assert_eq!(
+            Some(&l["heterotrain.dev/job-uid"]),
+            job.metadata.uid.as_ref()
+        );
+        assert_eq!(l.len(), 8, "{l:?}");
         let a = pod.metadata.annotations.as_ref().expect("annotations");
         assert_eq!(a["sidecar.istio.io/inject"], "false");
         assert_eq!(a["example.org/owner"], "vision-team");
@@ -491,19 +624,39 @@ fn operator_mounts_are_the_mounts_the_pod_gets() {
     }
 }
 
-/// Every job in `examples/`: the arguments the operator writes for each
-/// group parse back, as the trainer parses them, to the settings it built,
-/// and those carry the spec's values.
+/// Every `.yaml` file under `examples/`, subdirectories included, sorted.
+fn example_files() -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")];
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("examples") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Every job in `examples/` (subdirectories too: `own-model/job.yaml`):
+/// the arguments the operator writes for each group parse back, as the
+/// trainer parses them, to the settings it built, and those carry the
+/// spec's values. Every example file holds at least one job.
 #[test]
 fn example_jobs_round_trip_through_the_trainer_command_line() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let files = example_files();
+    assert!(
+        files.iter().any(|p| p.ends_with("own-model/job.yaml")),
+        "{files:?}"
+    );
     let mut groups = 0;
-    for entry in std::fs::read_dir(&dir).expect("examples") {
-        let path = entry.expect("entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("read");
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("read");
+        let mut jobs = 0;
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let value = serde_yaml::Value::deserialize(doc).expect("yaml");
             if value.get("kind").and_then(|k| k.as_str()) != Some("HeteroTrainingJob") {
@@ -511,6 +664,7 @@ fn example_jobs_round_trip_through_the_trainer_command_line() {
             }
             let job: heterotrain_crds::HeteroTrainingJob =
                 serde_yaml::from_value(value).expect("job");
+            jobs += 1;
             let spec = &job.spec;
             for g in &spec.workers {
                 let built = args::trainer_settings(spec, g).expect("settings");
@@ -531,6 +685,7 @@ fn example_jobs_round_trip_through_the_trainer_command_line() {
                 groups += 1;
             }
         }
+        assert!(jobs > 0, "{}: no HeteroTrainingJob", path.display());
     }
     assert!(
         groups >= 5,

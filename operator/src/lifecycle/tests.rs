@@ -124,6 +124,24 @@ fn new_job_creates_the_gang() {
 }
 
 #[test]
+fn a_job_without_network_isolation_warns_and_says_how_to_restore_it() {
+    let mut c = Case::load("new");
+    c.job.spec.isolation.network_policy = false;
+    let (_, s) = c.run();
+    let off = conditions(&s);
+    assert!(
+        off.contains(&("NetworkIsolated", "False", "IsolationDisabled")),
+        "{off:?}"
+    );
+    assert!(message(&s, "NetworkIsolated").contains("remove the field"));
+    // Turned back on: True again (an isolated job carries it only then).
+    c.job.status = Some(s);
+    c.job.spec.isolation.network_policy = true;
+    let (_, s) = c.run();
+    assert!(conditions(&s).contains(&("NetworkIsolated", "True", "NetworkPolicies")));
+}
+
+#[test]
 fn pending_pods_wait_and_a_pod_without_ip_is_not_running() {
     let c = Case::load("pending");
     let (d, s) = c.run();

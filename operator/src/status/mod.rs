@@ -9,7 +9,7 @@ use heterotrain_crds::{
     BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
     RebalanceStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 pub use progress::{duration_text, progress, progressing, stall_after_seconds};
 pub use writer::Writer;
@@ -66,6 +66,28 @@ pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrai
     s
 }
 
+/// `NetworkIsolated`: False (a warning with what to do) when the spec
+/// turned the job's NetworkPolicies off; back to True once they are on
+/// again (isolated jobs, the default, do not carry it otherwise).
+pub fn isolation(v: &ValidatedJob, current: &[Condition]) -> Option<Desired> {
+    use conditions::{reasons, types};
+    if v.spec().isolation.network_policy {
+        conditions::get(current, types::NETWORK_ISOLATED)?;
+        Some(Desired::yes(
+            types::NETWORK_ISOLATED,
+            reasons::NETWORK_POLICIES,
+            "only the job's own pods reach its ranks; /metrics only from the allowed namespaces",
+        ))
+    } else {
+        Some(Desired::no(
+            types::NETWORK_ISOLATED,
+            reasons::ISOLATION_DISABLED,
+            "spec.isolation.networkPolicy is false: any pod that can reach the ranks can join \
+             the c10d rendezvous or read /metrics; remove the field to isolate the job",
+        ))
+    }
+}
+
 /// Next status from the lifecycle `d`, the observed pods and balancing `x`.
 pub fn next(
     v: &ValidatedJob,
@@ -79,6 +101,9 @@ pub fn next(
     let generation = job.metadata.generation;
     for c in d.conditions.iter().chain(&x.conditions) {
         conditions::set(&mut s.conditions, c.clone(), generation, now);
+    }
+    if let Some(c) = isolation(v, &s.conditions) {
+        conditions::set(&mut s.conditions, c, generation, now);
     }
     s.phase = Some(d.phase.as_str().into());
     s.observed_generation = generation;

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
 use heterotrain_e2e::{ClusterOptions, LocalCluster};
@@ -174,9 +174,21 @@ pub async fn env(ns: &str) -> Env {
     )
     .await
     .expect("binding");
+    let operator = token_client(&admin, ns, "heterotrain-operator").await;
+    Env {
+        ns: ns.into(),
+        admin,
+        operator,
+        net: NET.fetch_add(1, Ordering::SeqCst) as u8,
+    }
+}
+
+/// A client authenticating as ServiceAccount `ns`/`sa` (an hour's token).
+pub async fn token_client(admin: &Client, ns: &str, sa: &str) -> Client {
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let tr = sas
         .create_token_request(
-            "heterotrain-operator",
+            sa,
             &PostParams::default(),
             &TokenRequest {
                 metadata: Default::default(),
@@ -191,13 +203,82 @@ pub async fn env(ns: &str) -> Env {
         .await
         .expect("token request");
     let token = tr.status.and_then(|s| s.token).expect("token");
-    let operator = c.client_for_token(&token).await.expect("operator client");
-    Env {
-        ns: ns.into(),
-        admin,
-        operator,
-        net: NET.fetch_add(1, Ordering::SeqCst) as u8,
+    cluster()
+        .client_for_token(&token)
+        .await
+        .expect("token client")
+}
+
+/// The chart's namespaced mode, by hand: ServiceAccount `sa` in `home.ns`
+/// with the namespaced rules in a Role of each of `watched` only, the
+/// cluster-scoped reads in a ClusterRole, and its Lease by name (which
+/// it may also create, nothing having pre-created it) in `home.ns`. Returns
+/// a client authenticating as it.
+pub async fn scoped_operator(home: &Env, sa: &str, watched: &[&str]) -> Client {
+    let admin = &home.admin;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &home.ns);
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": sa}})).expect("sa");
+    sas.create(&PostParams::default(), &account)
+        .await
+        .expect("scoped service account");
+    let subject = serde_json::json!([{"kind": "ServiceAccount", "name": sa, "namespace": home.ns}]);
+    let name = format!("{sa}-{}", home.ns);
+    let grant = |kind: &str, rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>| {
+        (
+            serde_json::json!({"metadata": {"name": name}, "rules": rules}),
+            serde_json::json!({
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+                "subjects": subject,
+            }),
+        )
+    };
+    let (role, binding) = grant("ClusterRole", rbac::cluster_scoped_rules());
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).expect("role"),
+        )
+        .await
+        .expect("cluster role");
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).expect("binding"),
+        )
+        .await
+        .expect("cluster role binding");
+    let mut roles = vec![(
+        home.ns.clone(),
+        vec![
+            rbac::policy_rule(&rbac::LEASE_RULE),
+            rbac::policy_rule(&rbac::LEASE_CREATE_RULE),
+        ],
+    )];
+    roles.extend(
+        watched
+            .iter()
+            .map(|ns| (ns.to_string(), rbac::namespaced_rules())),
+    );
+    for (ns, rules) in roles {
+        let (role, binding) = grant("Role", rules);
+        Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(role).expect("role"),
+            )
+            .await
+            .expect("role");
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(binding).expect("binding"),
+            )
+            .await
+            .expect("role binding");
     }
+    token_client(admin, &home.ns, sa).await
 }
 
 /// Operator settings for tests: short intervals, this namespace only.
@@ -207,7 +288,7 @@ pub fn test_config(env: &Env, identity: &str) -> OperatorConfig {
         scrape_interval: Duration::from_millis(500),
         scrape_timeout: Duration::from_secs(1),
         rebalance_interval: Duration::from_millis(1500),
-        watch_namespace: Some(env.ns.clone()),
+        watch_namespaces: vec![env.ns.clone()],
         operator_namespace: env.ns.clone(),
         identity: identity.into(),
         lease_duration: Duration::from_secs(4),
@@ -227,7 +308,12 @@ pub struct Operator {
 impl Operator {
     /// Start a replica as the operator ServiceAccount.
     pub fn start(env: &Env, config: OperatorConfig) -> Operator {
-        let ctx = Context::new(env.operator.clone(), config, Metrics::new());
+        Operator::start_as(env.operator.clone(), config)
+    }
+
+    /// Start a replica as whoever `client` authenticates.
+    pub fn start_as(client: Client, config: OperatorConfig) -> Operator {
+        let ctx = Context::new(client, config, Metrics::new());
         let (tx, rx) = oneshot::channel();
         let c = ctx.clone();
         let task = tokio::spawn(async move {
@@ -265,23 +351,21 @@ impl Drop for Operator {
     }
 }
 
-/// Poll `f` until it returns `Some`, or panic after `timeout` with `what`.
+/// Poll `f` every 200 ms until it returns `Some`, or panic after `timeout`
+/// with `what`: the project's one wait, [`heterotrain_e2e::wait::eventually`],
+/// for checks that cannot fail.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let poll = || {
+        let check = f();
+        async move { anyhow::Ok(check.await) }
+    };
+    heterotrain_e2e::wait::eventually(what, timeout, Duration::from_millis(200), poll)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A job from YAML (namespace filled in).
