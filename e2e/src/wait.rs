@@ -31,6 +31,28 @@ where
     }
 }
 
+/// [`eventually`] for checks that cannot fail, in tests: poll `check`
+/// every `every` until it returns `Some(v)` (then `v`); panic naming `what`
+/// once `timeout` has passed.
+pub async fn until_some<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let poll = || {
+        let c = check();
+        async move { Ok(c.await) }
+    };
+    eventually(what, timeout, every, poll)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,22 +11,6 @@ use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
 use support::*;
 
-const EXAMPLES: &[(&str, &str)] = &[
-    ("quickstart", include_str!("../../examples/quickstart.yaml")),
-    (
-        "hybrid-4node",
-        include_str!("../../examples/hybrid-4node.yaml"),
-    ),
-    (
-        "all-gpu-3node",
-        include_str!("../../examples/all-gpu-3node.yaml"),
-    ),
-    (
-        "cpu-only-2node",
-        include_str!("../../examples/cpu-only-2node.yaml"),
-    ),
-];
-
 const VALID: &str = r#"
 apiVersion: heterotrain.dev/v1alpha1
 kind: HeteroTrainingJob
@@ -158,13 +142,16 @@ async fn crd_examples_and_invalid_jobs() {
 
     // Every example is accepted, and reads back as the typed resource.
     let typed: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), "default");
-    for (name, text) in EXAMPLES {
-        let obj: DynamicObject = serde_yaml::from_str(text).unwrap();
+    let examples = heterotrain_e2e::paths::example_jobs().expect("examples");
+    assert!(examples.len() >= 6, "{} example jobs", examples.len());
+    for (path, job) in examples {
+        let obj: DynamicObject = serde_yaml::from_value(job).unwrap();
+        let name = obj.metadata.name.clone().expect("named example");
         dynamic
             .create(&PostParams::default(), &obj)
             .await
-            .unwrap_or_else(|e| panic!("example {name} refused: {e:?}"));
-        let back = typed.get(name).await.expect("read back");
+            .unwrap_or_else(|e| panic!("example {} refused: {e:?}", path.display()));
+        let back = typed.get(&name).await.expect("read back");
         assert!(
             back.spec.world_size() >= 2,
             "{name}: {:?}",

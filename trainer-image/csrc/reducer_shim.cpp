@@ -63,14 +63,18 @@ struct Segment {
 
 class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
+  // cuda_via_gloo: CUDA buckets go through Gloo (no NCCL), staged through
+  // host memory, so they take the same path as a CPU rank's buckets: in a
+  // mixed gang every rank must run the same collectives.
   HtSumHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<HtReducerTrace> trace,
             std::shared_ptr<HtShards> shards, c10::intrusive_ptr<c10d::Backend> gloo,
-            std::chrono::milliseconds timeout)
+            std::chrono::milliseconds timeout, bool cuda_via_gloo)
       : CppCommHookInterface(std::move(pg)),
         trace_(std::move(trace)),
         shards_(std::move(shards)),
         gloo_(std::move(gloo)),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        cuda_via_gloo_(cuda_via_gloo) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     {
@@ -86,9 +90,11 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
 
  private:
   // The bucket's segments by owner, in buffer order; false: all-reduce it.
+  // Nothing here may depend on this rank's device unless every rank's does
+  // alike (a CUDA bucket with NCCL: then every rank is on CUDA).
   bool plan(c10d::GradBucket& bucket, std::vector<Segment>& segs, uint32_t& call) {
     const at::Tensor& buf = bucket.getBufferRef();
-    if (!buf.is_cpu() || !buf.is_contiguous()) return false;
+    if (!buf.is_contiguous() || (!buf.is_cpu() && !cuda_via_gloo_)) return false;
     std::lock_guard<std::mutex> lock(shards_->mu);
     const auto& bounds = shards_->bounds;
     if (bounds.size() != static_cast<size_t>(state_->getSize()) || shards_->base == nullptr)
@@ -122,9 +128,12 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     return true;
   }
 
-  c10::intrusive_ptr<c10::ivalue::Future> reduce_to_owners(at::Tensor buf,
+  c10::intrusive_ptr<c10::ivalue::Future> reduce_to_owners(at::Tensor bucket,
                                                            std::vector<Segment> segs,
                                                            uint32_t call) {
+    // A CUDA bucket is summed in a host copy (the copy waits for backward's
+    // kernels) and copied back once its owners' sums are in.
+    at::Tensor buf = bucket.is_cpu() ? bucket : bucket.to(at::kCPU);
     const int me = state_->getRank();
     const int world = state_->getSize();
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -146,15 +155,19 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
         received.emplace_back(i, t[0]);
       }
     }
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    auto fut = bucket.is_cpu()
+                   ? c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())
+                   : c10::make_intrusive<c10::ivalue::Future>(
+                         c10::ListType::ofTensors(), std::vector<c10::Device>{bucket.device()});
     auto timeout = timeout_;
     std::thread([works = std::move(works), received = std::move(received),
-                 segs = std::move(segs), buf, fut, timeout]() mutable {
+                 segs = std::move(segs), buf, bucket, fut, timeout]() mutable {
       try {
         for (auto& w : works) ht::wait_work(w, timeout);
         // Peers in rank order: the same sum on every run.
         for (auto& [i, t] : received) buf.narrow(0, segs[i].off, segs[i].len).add_(t);
-        fut->markCompleted(c10::IValue(std::vector<at::Tensor>{buf}));
+        if (!bucket.is_cpu()) bucket.copy_(buf);
+        fut->markCompleted(c10::IValue(std::vector<at::Tensor>{bucket}));
       } catch (...) {
         fut->setError(std::current_exception());
       }
@@ -166,6 +179,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   std::shared_ptr<HtShards> shards_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::chrono::milliseconds timeout_;
+  bool cuda_via_gloo_;
 };
 
 struct HtReducer {
@@ -200,6 +214,11 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
 #else
     r->pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, g->gloo);
 #endif
+#ifdef HT_USE_NCCL
+    const bool cuda_via_gloo = !g->nccl;
+#else
+    const bool cuda_via_gloo = true;
+#endif
     std::vector<at::Tensor> ps;
     ps.reserve(n);
     for (size_t i = 0; i < n; ++i) ps.push_back(*params[i]);
@@ -223,7 +242,8 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
         std::vector<int64_t>{});
     r->shards = std::make_shared<HtShards>();
     r->reducer->register_comm_hook(
-        std::make_unique<HtSumHook>(r->pg, r->trace, r->shards, g->gloo, g->timeout));
+        std::make_unique<HtSumHook>(r->pg, r->trace, r->shards, g->gloo, g->timeout,
+                                    cuda_via_gloo));
     // Count ready gradients (after the Reducer's own hook on each).
     auto trace = r->trace;
     for (auto& p : ps) {

@@ -75,7 +75,7 @@ paired() {
   local name=$1 a=$2 b=$3 as=() bs=() rs=() x y
   for _ in $(seq "$runs"); do
     x=$(eval "$a"); y=$(eval "$b")
-    as+=("$x"); bs+=("$y"); rs+=("$(echo "$x / $y" | bc -l)")
+    as+=("$x"); bs+=("$y"); rs+=("$(awk -v a="$x" -v b="$y" 'BEGIN { print a / b }')")
   done
   printf '| %s | %.1f | %.1f | %.2f | %s |\n' "$name" \
     "$(printf '%s\n' "${as[@]}" | median)" "$(printf '%s\n' "${bs[@]}" | median)" \

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use heterotrain_e2e::nodesim::{NodeSimulator, NodesFile};
 use heterotrain_e2e::system::{System, SystemOptions};
-use heterotrain_e2e::wait::eventually;
+use heterotrain_e2e::wait::until_some;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind};
@@ -19,19 +19,13 @@ pub fn jobs_api(client: &Client, ns: &str) -> Api<DynamicObject> {
 }
 
 /// Poll `f` every 300 ms until it yields a value; panics naming `what`
-/// after `timeout` (the crate's one wait, [`eventually`]).
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+/// after `timeout` (the crate's one wait, [`until_some`]).
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let poll = || {
-        let check = f();
-        async move { anyhow::Ok(check.await) }
-    };
-    eventually(what, timeout, Duration::from_millis(300), poll)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"))
+    until_some(what, timeout, Duration::from_millis(300), f).await
 }
 
 /// The test bed (`heterotrain_e2e::system`) as `opts` asks.

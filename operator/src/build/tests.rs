@@ -6,7 +6,6 @@ use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use serde::Deserialize;
 
 use super::*;
 use crate::names;
@@ -624,68 +623,49 @@ fn operator_mounts_are_the_mounts_the_pod_gets() {
     }
 }
 
-/// Every `.yaml` file under `examples/`, subdirectories included, sorted.
-fn example_files() -> Vec<std::path::PathBuf> {
-    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")];
-    let mut files = Vec::new();
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("examples") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().and_then(|e| e.to_str()) == Some("yaml") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    files
-}
-
 /// Every job in `examples/` (subdirectories too: `own-model/job.yaml`):
 /// the arguments the operator writes for each group parse back, as the
 /// trainer parses them, to the settings it built, and those carry the
 /// spec's values. Every example file holds at least one job.
 #[test]
 fn example_jobs_round_trip_through_the_trainer_command_line() {
-    let files = example_files();
+    let jobs = heterotrain_e2e::paths::example_jobs().expect("examples");
     assert!(
-        files.iter().any(|p| p.ends_with("own-model/job.yaml")),
-        "{files:?}"
+        jobs.iter().any(|(p, _)| p.ends_with("own-model/job.yaml")),
+        "{jobs:?}"
     );
     let mut groups = 0;
-    for path in &files {
-        let text = std::fs::read_to_string(path).expect("read");
-        let mut jobs = 0;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
-            if value.get("kind").and_then(|k| k.as_str()) != Some("HeteroTrainingJob") {
-                continue;
-            }
-            let job: heterotrain_crds::HeteroTrainingJob =
-                serde_yaml::from_value(value).expect("job");
-            jobs += 1;
-            let spec = &job.spec;
-            for g in &spec.workers {
-                let built = args::trainer_settings(spec, g).expect("settings");
-                let written = args::trainer_args(spec, g).expect("args");
-                assert_eq!(written[0], "train");
-                let parsed = heterotrain_crds::TrainerArgs::parse_flags(&written[1..])
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                assert_eq!(parsed, built, "{}: {written:?}", path.display());
-                assert_eq!(parsed.optim.batch_size, spec.training.global_batch_size);
-                assert_eq!(parsed.model.arch, spec.model.name);
-                assert_eq!(parsed.data.dataset, spec.dataset.name);
-                assert_eq!(parsed.dist.device, g.device);
-                assert_eq!(parsed.dist.threads, args::group_threads(g) as usize);
-                assert_eq!(
-                    parsed.optim.lr,
-                    spec.training.learning_rate.parse::<f64>().expect("lr")
-                );
-                groups += 1;
-            }
+    let mut files = std::collections::BTreeSet::new();
+    for (path, value) in jobs {
+        let job: heterotrain_crds::HeteroTrainingJob = serde_yaml::from_value(value).expect("job");
+        let spec = &job.spec;
+        for g in &spec.workers {
+            let built = args::trainer_settings(spec, g).expect("settings");
+            let written = args::trainer_args(spec, g).expect("args");
+            assert_eq!(written[0], "train");
+            let parsed = heterotrain_crds::TrainerArgs::parse_flags(&written[1..])
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(parsed, built, "{}: {written:?}", path.display());
+            assert_eq!(parsed.optim.batch_size, spec.training.global_batch_size);
+            assert_eq!(parsed.model.arch, spec.model.name);
+            assert_eq!(parsed.data.dataset, spec.dataset.name);
+            assert_eq!(parsed.dist.device, g.device);
+            assert_eq!(parsed.dist.threads, args::group_threads(g) as usize);
+            assert_eq!(
+                parsed.optim.lr,
+                spec.training.learning_rate.parse::<f64>().expect("lr")
+            );
+            groups += 1;
         }
-        assert!(jobs > 0, "{}: no HeteroTrainingJob", path.display());
+        files.insert(path);
+    }
+    // Every example file holds a job.
+    let yaml_files = std::fs::read_dir(heterotrain_e2e::paths::examples_dir())
+        .expect("examples")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"));
+    for f in yaml_files {
+        assert!(files.contains(&f), "{}: no HeteroTrainingJob", f.display());
     }
     assert!(
         groups >= 5,

@@ -352,20 +352,14 @@ impl Drop for Operator {
 }
 
 /// Poll `f` every 200 ms until it returns `Some`, or panic after `timeout`
-/// with `what`: the project's one wait, [`heterotrain_e2e::wait::eventually`],
+/// with `what`: the project's one wait, [`heterotrain_e2e::wait::until_some`],
 /// for checks that cannot fail.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let poll = || {
-        let check = f();
-        async move { anyhow::Ok(check.await) }
-    };
-    heterotrain_e2e::wait::eventually(what, timeout, Duration::from_millis(200), poll)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"))
+    heterotrain_e2e::wait::until_some(what, timeout, Duration::from_millis(200), f).await
 }
 
 /// A job from YAML (namespace filled in).
