@@ -584,6 +584,21 @@ fn value_sets_render_what_they_ask_for() {
     );
     assert!(args.contains(&"--prometheus-url=http://prometheus.monitoring:9090".to_string()));
     assert!(
+        args.contains(&"--metrics-from-namespace=monitoring,observability".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--allow-prometheus-url=https://thanos.monitoring:10902".to_string()),
+        "{args:?}"
+    );
+    let defaults = args_of(&operator_pod(&template(&[])));
+    assert!(
+        !defaults
+            .iter()
+            .any(|a| a.starts_with("--metrics-from-namespace")),
+        "{defaults:?}"
+    );
+    assert!(
         args.contains(&"--trainer-image=ghcr.io/heterotrain/heterotrain-trainer:9.9.9".to_string())
     );
     assert!(args.contains(&"--no-profile-cache".to_string()));

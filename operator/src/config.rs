@@ -39,6 +39,9 @@ pub struct OperatorConfig {
     pub metrics_source: MetricsSourceMode,
     /// Prometheus URL for jobs that ask for Prometheus without their own URL.
     pub prometheus_url: Option<String>,
+    /// Origins (`scheme://host[:port]`) besides `prometheus_url`'s that a
+    /// job's own `loadBalancing.prometheusUrl` may name.
+    pub allowed_prometheus: Vec<String>,
     /// Only watch these namespaces, one watcher each (all namespaces when
     /// empty).
     pub watch_namespaces: Vec<String>,
@@ -98,6 +101,21 @@ pub fn watch_namespaces(given: &[String]) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The origins of `--allow-prometheus-url`, checked: each an http(s) URL
+/// without user information; blanks dropped, no repeats.
+pub fn allowed_prometheus(given: &[String]) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for url in given.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+        let o = crate::validate::origin(url).ok_or_else(|| {
+            format!("--allow-prometheus-url {url:?} is not an http(s) URL like http://prometheus.monitoring:9090")
+        })?;
+        if !out.contains(&o) {
+            out.push(o);
+        }
+    }
+    Ok(out)
+}
+
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
@@ -114,6 +132,7 @@ impl Default for OperatorConfig {
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,
+            allowed_prometheus: Vec::new(),
             watch_namespaces: Vec::new(),
             operator_namespace: "heterotrain-system".into(),
             metrics_namespaces: Vec::new(),
@@ -142,6 +161,31 @@ mod tests {
         for bad in ["Team", "a_b", "-a", "a-", &"x".repeat(64)] {
             let err = watch_namespaces(&given(&[bad])).expect_err(bad);
             assert!(err.contains("--namespace"), "{err}");
+        }
+    }
+
+    #[test]
+    fn allowed_prometheus_urls_are_origins() {
+        let given = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            allowed_prometheus(&given(&[
+                "http://Prom.Monitoring:9090/api",
+                " https://thanos:443 ",
+                "http://prom.monitoring:9090"
+            ])),
+            Ok(vec![
+                "http://prom.monitoring:9090".to_string(),
+                "https://thanos:443".to_string()
+            ])
+        );
+        for bad in [
+            "prom:9090",
+            "ftp://prom",
+            "http://user@prom:9090",
+            "http://",
+        ] {
+            let err = allowed_prometheus(&given(&[bad])).expect_err(bad);
+            assert!(err.contains("--allow-prometheus-url"), "{err}");
         }
     }
 

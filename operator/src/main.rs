@@ -36,6 +36,16 @@ struct Cli {
     /// Prometheus base URL for jobs that use Prometheus without their own prometheusUrl.
     #[arg(long, env = "HETEROTRAIN_PROMETHEUS_URL")]
     prometheus_url: Option<String>,
+    /// A Prometheus (its scheme://host:port) a job's own
+    /// loadBalancing.prometheusUrl may name besides --prometheus-url; repeat
+    /// or separate with commas. A job naming any other is refused (Invalid),
+    /// so job authors cannot point the operator at arbitrary addresses.
+    #[arg(
+        long = "allow-prometheus-url",
+        env = "HETEROTRAIN_ALLOW_PROMETHEUS_URLS",
+        value_delimiter = ','
+    )]
+    allowed_prometheus: Vec<String>,
     /// Seconds between metric reads of a running job.
     #[arg(long, env = "HETEROTRAIN_SCRAPE_INTERVAL", default_value_t = 10.0)]
     scrape_interval: f64,
@@ -139,6 +149,8 @@ async fn run() -> anyhow::Result<()> {
         },
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
+        allowed_prometheus: config::allowed_prometheus(&cli.allowed_prometheus)
+            .map_err(anyhow::Error::msg)?,
         watch_namespaces: config::watch_namespaces(&cli.namespaces).map_err(anyhow::Error::msg)?,
         operator_namespace: cli.operator_namespace,
         profile_cache: !cli.no_profile_cache,

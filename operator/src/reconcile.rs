@@ -63,7 +63,11 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
 /// since.
 async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
-    let v = match validate::check(job, ctx.config.prometheus_url.as_deref())? {
+    let prometheus = validate::PrometheusPolicy {
+        default_url: ctx.config.prometheus_url.as_deref(),
+        allowed: &ctx.config.allowed_prometheus,
+    };
+    let v = match validate::check(job, prometheus)? {
         Checked::Valid(v) => v,
         Checked::Invalid {
             namespace,

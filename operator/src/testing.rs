@@ -20,7 +20,7 @@ pub fn fixture(name: &str) -> HeteroTrainingJob {
 
 /// `job` validated; panics when the fixture is not a valid job.
 pub fn valid(job: &HeteroTrainingJob) -> ValidatedJob<'_> {
-    match validate::check(job, None).expect("namespace and uid") {
+    match validate::check(job, Default::default()).expect("namespace and uid") {
         Checked::Valid(v) => v,
         Checked::Invalid { problems, .. } => panic!("invalid fixture: {problems:?}"),
     }

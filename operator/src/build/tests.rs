@@ -457,7 +457,7 @@ fn spec_hash_names_changed_sections() {
 fn missing_uid_is_an_error_not_a_panic() {
     let mut job = fixture("minimal.yaml");
     job.metadata.uid = None;
-    let err = validate::check(&job, None).expect_err("no uid");
+    let err = validate::check(&job, Default::default()).expect_err("no uid");
     assert_eq!(err.metric_label(), "missing_field");
 }
 

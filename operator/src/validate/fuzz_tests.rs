@@ -134,7 +134,7 @@ fn run(base: usize, name: &str, edits: &[(usize, usize, Value)]) {
             "a default Prometheus URL made a valid job invalid"
         );
     }
-    if let Ok(Checked::Valid(v)) = check(&job, None) {
+    if let Ok(Checked::Valid(v)) = check(&job, Default::default()) {
         assert_eq!(v.layout.len(), v.ranks());
         assert!(v.world_size >= 1);
     }

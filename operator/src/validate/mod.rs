@@ -11,7 +11,7 @@ use heterotrain_crds::{HeteroTrainingJob, HeteroTrainingJobSpec, HeteroTrainingJ
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-pub use rules::{summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
+pub use rules::{origin, summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
 
 use crate::error::{Error, Result};
 
@@ -35,6 +35,20 @@ pub struct ValidatedJob<'a> {
     pub global_batch: u32,
 }
 
+/// Which Prometheus servers a job may have the operator query (the
+/// operator's flags). A job's own `loadBalancing.prometheusUrl` must have
+/// the origin (scheme, host, port) of `default_url` or of an `allowed`
+/// entry: otherwise anyone who may create a job could make the operator
+/// fetch from any address it can reach (a link-local metadata service,
+/// say) and act on the answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrometheusPolicy<'a> {
+    /// `--prometheus-url`: jobs that name none use it.
+    pub default_url: Option<&'a str>,
+    /// `--allow-prometheus-url`: further origins a job may name.
+    pub allowed: &'a [String],
+}
+
 /// The outcome of validation.
 #[derive(Debug)]
 pub enum Checked<'a> {
@@ -46,18 +60,28 @@ pub enum Checked<'a> {
     },
 }
 
-/// Validate `job`. `default_prometheus` is the operator's
-/// `--prometheus-url`. A missing namespace or UID (which the API server
-/// always sets) is an error, not a verdict on the spec.
+/// Validate `job` against the rules and the operator's [`PrometheusPolicy`].
+/// A missing namespace or UID (which the API server always sets) is an
+/// error, not a verdict on the spec.
 pub fn check<'a>(
     job: &'a HeteroTrainingJob,
-    default_prometheus: Option<&str>,
+    prometheus: PrometheusPolicy<'_>,
 ) -> Result<Checked<'a>> {
     let namespace = job
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let name = job.name_any();
-    if let Err(problems) = validate(&name, &job.spec, default_prometheus) {
+    let mut problems = validate(&name, &job.spec, prometheus.default_url)
+        .err()
+        .unwrap_or_default();
+    if let Some(url) = &job.spec.load_balancing.prometheus_url {
+        problems.extend(rules::prometheus_allowed(
+            url,
+            prometheus.default_url,
+            prometheus.allowed,
+        ));
+    }
+    if !problems.is_empty() {
         return Ok(Checked::Invalid {
             namespace,
             problems,

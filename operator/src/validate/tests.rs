@@ -175,7 +175,7 @@ fn check_separates_a_bad_spec_from_missing_metadata() {
     );
     v["metadata"]["uid"] = "u-1".into();
     let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
-    match check(&job, None).expect("namespace set") {
+    match check(&job, Default::default()).expect("namespace set") {
         Checked::Invalid {
             namespace,
             problems,
@@ -187,7 +187,7 @@ fn check_separates_a_bad_spec_from_missing_metadata() {
     }
     let mut no_ns = job.clone();
     no_ns.metadata.namespace = None;
-    let err = check(&no_ns, None).expect_err("no namespace");
+    let err = check(&no_ns, Default::default()).expect_err("no namespace");
     assert_eq!(err.to_string(), "object is missing metadata.namespace");
 }
 
@@ -406,4 +406,58 @@ fn own_commands_are_checked() {
     let err = group_problems(serde_json::json!({"env": [{"name": "HT_BATCH_SIZE", "value": "8"}]}))
         .expect_err("reserved env");
     assert_eq!(err[0].field, "spec.workers[0].env");
+}
+
+#[test]
+fn a_jobs_prometheus_must_be_the_operators_or_allowed() {
+    let with_url = |url: &str| {
+        let mut v = base();
+        merge(
+            &mut v["spec"],
+            &serde_json::json!({"loadBalancing": {"metricsSource": "prometheus", "prometheusUrl": url}}),
+        );
+        let mut job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+        job.metadata.namespace = Some("ml".into());
+        job.metadata.uid = Some("u-1".into());
+        job
+    };
+    let allowed = vec!["http://prom.monitoring:9090".to_string()];
+    let policy = PrometheusPolicy {
+        default_url: Some("https://thanos.monitoring:443/"),
+        allowed: &allowed,
+    };
+    let verdict = |url: &str, policy: PrometheusPolicy<'_>| -> Option<String> {
+        match check(&with_url(url), policy).expect("identity") {
+            Checked::Valid(_) => None,
+            Checked::Invalid { problems, .. } => {
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert_eq!(problems[0].field, "spec.loadBalancing.prometheusUrl");
+                Some(problems[0].message.clone())
+            }
+        }
+    };
+    // The operator's own and the allowed origins, any path.
+    for ok in [
+        "https://thanos.monitoring:443",
+        "http://prom.monitoring:9090/",
+        "http://PROM.monitoring:9090/prometheus",
+    ] {
+        assert_eq!(verdict(ok, policy), None, "{ok}");
+    }
+    // Anything else, look-alikes included, is refused with what to do.
+    for bad in [
+        "http://169.254.169.254/latest/meta-data",
+        "http://prom.monitoring:9090.evil.example",
+        "http://prom.monitoring:9091",
+        "https://prom.monitoring:9090",
+    ] {
+        let msg = verdict(bad, policy).unwrap_or_else(|| panic!("{bad} allowed"));
+        assert!(msg.contains("--allow-prometheus-url"), "{msg}");
+        assert!(msg.contains("http://prom.monitoring:9090"), "{msg}");
+    }
+    let msg = verdict("http://attacker@prom.monitoring:9090", policy).expect("refused");
+    assert!(msg.contains("user information"), "{msg}");
+    // No operator URL and no allow-list: a job may name none.
+    let msg = verdict("http://prom.monitoring:9090", PrometheusPolicy::default()).expect("refused");
+    assert!(msg.contains("allows none"), "{msg}");
 }
