@@ -591,6 +591,14 @@ fn value_sets_render_what_they_ask_for() {
         args.contains(&"--allow-prometheus-url=https://thanos.monitoring:10902".to_string()),
         "{args:?}"
     );
+    assert!(
+        args.contains(&"--allow-image=ghcr.io/heterotrain/".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--allow-service-account=heterotrain-trainer".to_string()),
+        "{args:?}"
+    );
     let defaults = args_of(&operator_pod(&template(&[])));
     assert!(
         !defaults

@@ -42,6 +42,11 @@ pub struct OperatorConfig {
     /// Origins (`scheme://host[:port]`) besides `prometheus_url`'s that a
     /// job's own `loadBalancing.prometheusUrl` may name.
     pub allowed_prometheus: Vec<String>,
+    /// ServiceAccounts a job's `serviceAccountName` may name (`*`: any;
+    /// empty: any).
+    pub allowed_service_accounts: Vec<String>,
+    /// Image prefixes a job's images must start with (empty: any).
+    pub allowed_images: Vec<String>,
     /// Only watch these namespaces, one watcher each (all namespaces when
     /// empty).
     pub watch_namespaces: Vec<String>,
@@ -133,6 +138,8 @@ impl Default for OperatorConfig {
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,
             allowed_prometheus: Vec::new(),
+            allowed_service_accounts: Vec::new(),
+            allowed_images: Vec::new(),
             watch_namespaces: Vec::new(),
             operator_namespace: "heterotrain-system".into(),
             metrics_namespaces: Vec::new(),

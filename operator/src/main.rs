@@ -46,6 +46,27 @@ struct Cli {
         value_delimiter = ','
     )]
     allowed_prometheus: Vec<String>,
+    /// A ServiceAccount a job's spec.serviceAccountName may name; repeat or
+    /// separate with commas; `*` allows any. Jobs that name none run as
+    /// heterotrain-trainer. A job naming another is refused (Invalid), so
+    /// creating a job does not let its author run pods as any account of
+    /// the namespace.
+    #[arg(
+        long = "allow-service-account",
+        env = "HETEROTRAIN_ALLOW_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "heterotrain-trainer"
+    )]
+    allowed_service_accounts: Vec<String>,
+    /// An image prefix (registry or repository, e.g. ghcr.io/my-team/) every
+    /// image a job names must start with; repeat or separate with commas.
+    /// Unset: any image (the cluster's own admission still applies).
+    #[arg(
+        long = "allow-image",
+        env = "HETEROTRAIN_ALLOW_IMAGES",
+        value_delimiter = ','
+    )]
+    allowed_images: Vec<String>,
     /// Seconds between metric reads of a running job.
     #[arg(long, env = "HETEROTRAIN_SCRAPE_INTERVAL", default_value_t = 10.0)]
     scrape_interval: f64,
@@ -105,6 +126,14 @@ enum Cmd {
     Rbac,
 }
 
+/// A list flag's entries, trimmed, blanks dropped.
+fn nonblank(list: Vec<String>) -> Vec<String> {
+    list.into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v)
         .with_context(|| format!("--{what} must be a positive number of seconds"))
@@ -151,6 +180,8 @@ async fn run() -> anyhow::Result<()> {
         prometheus_url: cli.prometheus_url,
         allowed_prometheus: config::allowed_prometheus(&cli.allowed_prometheus)
             .map_err(anyhow::Error::msg)?,
+        allowed_service_accounts: nonblank(cli.allowed_service_accounts),
+        allowed_images: nonblank(cli.allowed_images),
         watch_namespaces: config::watch_namespaces(&cli.namespaces).map_err(anyhow::Error::msg)?,
         operator_namespace: cli.operator_namespace,
         profile_cache: !cli.no_profile_cache,

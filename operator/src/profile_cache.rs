@@ -1,7 +1,10 @@
-//! Profile cache: each rank's hardware profile, keyed by (accelerator model,
-//! device, model config), kept in the ConfigMap `heterotrain-profile-cache`
-//! in the operator's namespace, so the next job on the same hardware starts
-//! from a balanced plan at generation 0.
+//! Profile cache: each rank's hardware profile, keyed by (the job's
+//! namespace, accelerator model, device, threads per rank, model config),
+//! kept in the ConfigMap `heterotrain-profile-cache` in the operator's
+//! namespace, so the next job on the same hardware starts from a balanced
+//! plan at generation 0. A namespace's jobs read only profiles its own jobs
+//! measured: one tenant's figures never shape another's plans. The cache
+//! keeps the [`MAX_ENTRIES`] most recently stored profiles.
 //!
 //! The accelerator is the node label `heterotrain.dev/accelerator` of the
 //! node a rank ran on (or, when the node has none, the group's nodeSelector
@@ -19,10 +22,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::names;
+use crate::rank_pod::group_threads;
 use crate::scrape::RankProfile;
 
 /// Name of the cache ConfigMap.
 pub const CACHE_CONFIGMAP: &str = "heterotrain-profile-cache";
+
+/// Most profiles the cache keeps; storing more drops the oldest.
+pub const MAX_ENTRIES: usize = 512;
 
 /// One cached profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -30,6 +37,9 @@ pub const CACHE_CONFIGMAP: &str = "heterotrain-profile-cache";
 pub struct CachedProfile {
     pub points: Vec<(u32, f64)>,
     pub max_batch: u32,
+    /// When it was stored (Unix seconds; 0 in entries written before).
+    #[serde(default)]
+    pub stored_at: u64,
 }
 
 impl From<&RankProfile> for CachedProfile {
@@ -37,6 +47,7 @@ impl From<&RankProfile> for CachedProfile {
         CachedProfile {
             points: p.points.clone(),
             max_batch: p.max_batch,
+            stored_at: 0,
         }
     }
 }
@@ -86,18 +97,35 @@ pub fn model_key(m: &ModelSpec) -> String {
     k
 }
 
-/// ConfigMap key of a profile (a valid data key: `[-._a-zA-Z0-9]+`).
-pub fn key(accelerator: &str, device: Device, model: &ModelSpec) -> String {
-    let dev = match device {
+/// ConfigMap key of a profile (a valid data key: `[-._a-zA-Z0-9]+`): the
+/// job's namespace, the accelerator, the group's device and threads per
+/// rank, and the model.
+pub fn key(namespace: &str, accelerator: &str, g: &WorkerGroup, model: &ModelSpec) -> String {
+    let dev = match g.device {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
     };
     let k = format!(
-        "{}_{dev}_{}",
+        "{}.{}_{dev}_t{}_{}",
+        sanitize(namespace),
         sanitize(accelerator),
+        group_threads(g),
         sanitize(&model_key(model))
     );
     k.chars().take(253).collect()
+}
+
+/// The keys to drop so that `merged` (key → when stored) keeps at most
+/// [`MAX_ENTRIES`]: the oldest, ties by key.
+fn evictions(merged: &BTreeMap<String, u64>) -> Vec<String> {
+    let extra = merged.len().saturating_sub(MAX_ENTRIES);
+    let mut by_age: Vec<(&u64, &String)> = merged.iter().map(|(k, t)| (t, k)).collect();
+    by_age.sort();
+    by_age
+        .into_iter()
+        .take(extra)
+        .map(|(_, k)| k.clone())
+        .collect()
 }
 
 /// The accelerator a group is pinned to by its nodeSelector, if any.
@@ -117,9 +145,10 @@ pub async fn load(client: &Client, ns: &str) -> Result<BTreeMap<String, CachedPr
         .collect())
 }
 
-/// Cached profiles for every rank of `spec` (by group nodeSelector), or
-/// `None` unless every rank has one.
+/// Cached profiles for every rank of `spec` in `namespace` (by group
+/// nodeSelector), or `None` unless every rank has one.
 pub fn lookup(
+    namespace: &str,
     spec: &HeteroTrainingJobSpec,
     cache: &BTreeMap<String, CachedProfile>,
 ) -> Option<Vec<Option<RankProfile>>> {
@@ -127,7 +156,7 @@ pub fn lookup(
         .into_iter()
         .map(|(gi, _)| {
             let g = spec.workers.get(gi)?;
-            let k = key(group_accelerator(g)?, g.device, &spec.model);
+            let k = key(namespace, group_accelerator(g)?, g, &spec.model);
             cache.get(&k).cloned().map(|c| Some(c.into()))
         })
         .collect()
@@ -155,7 +184,8 @@ pub async fn accelerator_of(
     group_accelerator(g).map(str::to_string)
 }
 
-/// Store `entries` (key → profile) in the cache, creating it when missing.
+/// Store `entries` (key → profile) in the cache, stamped now, creating it
+/// when missing; past [`MAX_ENTRIES`] the oldest are dropped.
 pub async fn store(
     client: &Client,
     ns: &str,
@@ -164,12 +194,22 @@ pub async fn store(
     if entries.is_empty() {
         return Ok(());
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let data: BTreeMap<String, String> = entries
         .iter()
-        .filter_map(|(k, v)| Some((k.clone(), serde_json::to_string(v).ok()?)))
+        .filter_map(|(k, v)| {
+            let v = CachedProfile {
+                stored_at: now,
+                ..v.clone()
+            };
+            Some((k.clone(), serde_json::to_string(&v).ok()?))
+        })
         .collect();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    if api.get_opt(CACHE_CONFIGMAP).await?.is_none() {
+    let existing = api.get_opt(CACHE_CONFIGMAP).await?;
+    if existing.is_none() {
         let cm = ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some(CACHE_CONFIGMAP.into()),
@@ -189,7 +229,24 @@ pub async fn store(
             Err(e) => return Err(e.into()),
         }
     }
-    let patch = serde_json::json!({ "data": data });
+    let mut merged: BTreeMap<String, u64> = existing
+        .and_then(|c| c.data)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let at = serde_json::from_str::<CachedProfile>(&v).map_or(0, |c| c.stored_at);
+            (k, at)
+        })
+        .collect();
+    merged.extend(data.keys().map(|k| (k.clone(), now)));
+    let mut patch_data: serde_json::Map<String, serde_json::Value> = data
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect();
+    for k in evictions(&merged) {
+        patch_data.insert(k, serde_json::Value::Null);
+    }
+    let patch = serde_json::json!({ "data": patch_data });
     api.patch(
         CACHE_CONFIGMAP,
         &PatchParams {
@@ -212,9 +269,60 @@ mod tests {
             serde_json::json!({"name": "torchscript", "file": "/data/a.pt"}),
         )
         .expect("model");
-        let a = key("H100", Device::Cuda, &m);
-        assert_eq!(a, "H100_cuda_torchscript.f_data_a.pt");
+        let g: WorkerGroup = serde_json::from_value(
+            serde_json::json!({"name": "gpu", "replicas": 1, "device": "cuda"}),
+        )
+        .expect("group");
+        let a = key("ml", "H100", &g, &m);
+        assert_eq!(a, "ml.H100_cuda_t1_torchscript.f_data_a.pt");
         m.file = Some("/data/b.pt".into());
-        assert_ne!(key("H100", Device::Cuda, &m), a);
+        assert_ne!(key("ml", "H100", &g, &m), a);
+    }
+
+    #[test]
+    fn keys_tell_namespaces_and_threads_apart() {
+        let m: ModelSpec =
+            serde_json::from_value(serde_json::json!({"name": "mlp"})).expect("model");
+        let group = |threads: u32| -> WorkerGroup {
+            serde_json::from_value(
+                serde_json::json!({"name": "cpu", "replicas": 1, "threads": threads}),
+            )
+            .expect("group")
+        };
+        let a = key("team-a", "xeon", &group(2), &m);
+        assert_ne!(a, key("team-b", "xeon", &group(2), &m));
+        assert_ne!(a, key("team-a", "xeon", &group(4), &m));
+        assert_eq!(a, key("team-a", "xeon", &group(2), &m));
+        // A job in team-b finds none of team-a's profiles.
+        let spec: HeteroTrainingJobSpec = serde_json::from_value(serde_json::json!({
+            "workers": [{"name": "cpu", "replicas": 2, "threads": 2,
+                         "nodeSelector": {"heterotrain.dev/accelerator": "xeon"}}],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image"},
+            "training": {"globalBatchSize": 32, "maxSteps": 10}
+        }))
+        .expect("spec");
+        let cache = BTreeMap::from([(
+            a,
+            CachedProfile {
+                points: vec![(8, 0.1)],
+                max_batch: 64,
+                stored_at: 1,
+            },
+        )]);
+        assert_eq!(lookup("team-a", &spec, &cache).map(|p| p.len()), Some(2));
+        assert_eq!(lookup("team-b", &spec, &cache), None);
+    }
+
+    #[test]
+    fn the_oldest_profiles_are_dropped_past_the_bound() {
+        let mut merged: BTreeMap<String, u64> = (0..MAX_ENTRIES as u64)
+            .map(|i| (format!("k{i:04}"), 100 + i))
+            .collect();
+        assert!(evictions(&merged).is_empty());
+        merged.insert("new-1".into(), 10_000);
+        merged.insert("new-2".into(), 10_000);
+        merged.insert("legacy".into(), 0);
+        assert_eq!(evictions(&merged), ["legacy", "k0000", "k0001"]);
     }
 }

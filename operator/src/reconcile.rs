@@ -63,11 +63,15 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
 /// since.
 async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
-    let prometheus = validate::PrometheusPolicy {
-        default_url: ctx.config.prometheus_url.as_deref(),
-        allowed: &ctx.config.allowed_prometheus,
+    let admission = validate::Admission {
+        prometheus: validate::PrometheusPolicy {
+            default_url: ctx.config.prometheus_url.as_deref(),
+            allowed: &ctx.config.allowed_prometheus,
+        },
+        service_accounts: &ctx.config.allowed_service_accounts,
+        images: &ctx.config.allowed_images,
     };
-    let v = match validate::check(job, prometheus)? {
+    let v = match validate::check(job, admission)? {
         Checked::Valid(v) => v,
         Checked::Invalid {
             namespace,

@@ -715,7 +715,9 @@ async fn profiles_give_the_first_plan_and_seed_the_next_job() {
     })
     .await;
     assert!(
-        cache.keys().any(|k| k.starts_with("fast-cpu_cpu_mlp.h32")),
+        cache.keys().any(
+            |k| k.starts_with(&format!("{}.fast-cpu_cpu_t", env.ns)) && k.ends_with("_mlp.h32")
+        ),
         "{cache:?}"
     );
     // A second job on the same hardware starts balanced at generation 0.

@@ -172,6 +172,8 @@ pub fn value_sets() -> Vec<(&'static str, Vec<&'static str>)> {
                 "--set",
                 "operator.allowedPrometheusUrls={https://thanos.monitoring:10902}",
                 "--set",
+                "operator.allowedImages={ghcr.io/heterotrain/}",
+                "--set",
                 "operator.image.tag=9.9.9",
                 "--set",
                 "trainer.image.tag=9.9.9",

@@ -134,8 +134,11 @@ async fn setup(client: &Client) {
         &ops,
         json!({"metadata": {"name": "heterotrain-profile-cache"}, "data": {
             // t(b) = 0.02 + 0.001 b on the T4.
-            "NVIDIA-T4_cuda_mlp.h128": r#"{"points": [[8, 0.028], [32, 0.052]], "maxBatch": 4096}"#,
-            "other_cpu_resnet18": r#"{"points": [[8, 1.0]], "maxBatch": 64}"#
+            "plugin.NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.028], [32, 0.052]], "maxBatch": 4096}"#,
+            // Another namespace's profile of the same hardware and model:
+            // neither used nor listed.
+            "team-b.NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.5], [32, 0.9]], "maxBatch": 16}"#,
+            "plugin.other_cpu_t1_resnet18": r#"{"points": [[8, 1.0]], "maxBatch": 64}"#
         }}),
     )
     .await;
@@ -318,11 +321,19 @@ async fn status_top_plan_and_profile_show_the_job() {
         row(&profile, "RANK", "1")[3..],
         ["-", "-", "-", "-", "-", "-", "-", "-"]
     );
-    let cached = row(&profile, "CACHED PROFILE", "NVIDIA-T4_cuda_mlp.h128");
+    let cached = row(
+        &profile,
+        "CACHED PROFILE",
+        "plugin.NVIDIA-T4_cuda_t1_mlp.h128",
+    );
     assert_eq!(cached[1..], ["0.0200", "0.001000", "4096", "2"]);
     assert!(
-        !profile.contains("other_cpu_resnet18"),
+        !profile.contains("other_cpu_t1_resnet18"),
         "other models' profiles are not listed"
+    );
+    assert!(
+        !profile.contains("team-b."),
+        "other namespaces' profiles are not listed: {profile}"
     );
 
     // A job that does not exist is an error naming it.

@@ -94,6 +94,8 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         env(envs::MASTER_ADDR, names::master_addr(&v.name, &v.namespace)),
         env(envs::MASTER_PORT, spec.master_port.to_string()),
         env_field(envs::POD_IP, "status.podIP"),
+        // Gloo binds the pod IP, not whatever the host name resolves to.
+        env_field(envs::BIND_ADDR, "status.podIP"),
         env_field(envs::NAMESPACE, "metadata.namespace"),
         env(envs::PLAN_CONFIGMAP, names::plan_configmap(&v.name)),
         env(envs::RESTART_COUNT, inputs.restart_count.to_string()),

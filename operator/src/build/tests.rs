@@ -96,10 +96,16 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
             env_value(pod, "HT_JOB_UID").as_deref(),
             Some("6f1c2a9e-0000-4000-8000-000000000001")
         );
-        let ip = env_of(pod, "POD_IP")
-            .and_then(|e| e.value_from.as_ref())
-            .and_then(|v| v.field_ref.as_ref());
-        assert_eq!(ip.map(|f| f.field_path.as_str()), Some("status.podIP"));
+        for var in ["POD_IP", "HT_BIND_ADDR"] {
+            let ip = env_of(pod, var)
+                .and_then(|e| e.value_from.as_ref())
+                .and_then(|v| v.field_ref.as_ref());
+            assert_eq!(
+                ip.map(|f| f.field_path.as_str()),
+                Some("status.podIP"),
+                "{var}"
+            );
+        }
         let ns = env_of(pod, "HETEROTRAIN_NAMESPACE")
             .and_then(|e| e.value_from.as_ref())
             .and_then(|v| v.field_ref.as_ref());

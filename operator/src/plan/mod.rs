@@ -143,7 +143,7 @@ pub async fn initial(
     let mut profiles = None;
     if current.is_none() && config.profile_cache && v.policy != Policy::Static {
         if let Ok(cache) = profile_cache::load(client, &config.operator_namespace).await {
-            profiles = profile_cache::lookup(v.spec(), &cache);
+            profiles = profile_cache::lookup(&v.namespace, v.spec(), &cache);
         }
     }
     born(v, current.as_ref(), stored.generation, profiles.as_deref())

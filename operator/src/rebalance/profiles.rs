@@ -37,7 +37,10 @@ pub async fn store(
             .find(|x| x.rank == Some(*r as u32))
             .and_then(|x| x.node_name.as_deref());
         if let Some(acc) = profile_cache::accelerator_of(deps.client, node, g).await {
-            entries.insert(profile_cache::key(&acc, g.device, &spec.model), p.into());
+            entries.insert(
+                profile_cache::key(&v.namespace, &acc, g, &spec.model),
+                p.into(),
+            );
         }
         st.cached[*r] = true;
     }

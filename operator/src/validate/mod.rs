@@ -3,6 +3,7 @@
 //! later stages (lifecycle, build, plan, rebalancing, status) read instead
 //! of re-checking `metadata` and re-deriving sizes from `spec`.
 
+mod admission;
 mod pod_rules;
 mod rules;
 
@@ -11,7 +12,8 @@ use heterotrain_crds::{HeteroTrainingJob, HeteroTrainingJobSpec, HeteroTrainingJ
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-pub use rules::{origin, summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
+pub use admission::{image_has_prefix, origin, Admission, PrometheusPolicy};
+pub use rules::{summary, validate, Problem, MAX_RANKS, RESERVED_ENV};
 
 use crate::error::{Error, Result};
 
@@ -35,20 +37,6 @@ pub struct ValidatedJob<'a> {
     pub global_batch: u32,
 }
 
-/// Which Prometheus servers a job may have the operator query (the
-/// operator's flags). A job's own `loadBalancing.prometheusUrl` must have
-/// the origin (scheme, host, port) of `default_url` or of an `allowed`
-/// entry: otherwise anyone who may create a job could make the operator
-/// fetch from any address it can reach (a link-local metadata service,
-/// say) and act on the answer.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PrometheusPolicy<'a> {
-    /// `--prometheus-url`: jobs that name none use it.
-    pub default_url: Option<&'a str>,
-    /// `--allow-prometheus-url`: further origins a job may name.
-    pub allowed: &'a [String],
-}
-
 /// The outcome of validation.
 #[derive(Debug)]
 pub enum Checked<'a> {
@@ -60,27 +48,18 @@ pub enum Checked<'a> {
     },
 }
 
-/// Validate `job` against the rules and the operator's [`PrometheusPolicy`].
+/// Validate `job` against the rules and the operator's [`Admission`] flags.
 /// A missing namespace or UID (which the API server always sets) is an
 /// error, not a verdict on the spec.
-pub fn check<'a>(
-    job: &'a HeteroTrainingJob,
-    prometheus: PrometheusPolicy<'_>,
-) -> Result<Checked<'a>> {
+pub fn check<'a>(job: &'a HeteroTrainingJob, admission: Admission<'_>) -> Result<Checked<'a>> {
     let namespace = job
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let name = job.name_any();
-    let mut problems = validate(&name, &job.spec, prometheus.default_url)
+    let mut problems = validate(&name, &job.spec, admission.prometheus.default_url)
         .err()
         .unwrap_or_default();
-    if let Some(url) = &job.spec.load_balancing.prometheus_url {
-        problems.extend(rules::prometheus_allowed(
-            url,
-            prometheus.default_url,
-            prometheus.allowed,
-        ));
-    }
+    problems.extend(admission.problems(&job.spec));
     if !problems.is_empty() {
         return Ok(Checked::Invalid {
             namespace,

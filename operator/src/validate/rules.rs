@@ -12,13 +12,14 @@ use crate::names;
 /// Most ranks one job may have.
 pub const MAX_RANKS: u32 = 4096;
 /// Env vars the operator sets itself; a group may not override them.
-pub const RESERVED_ENV: [&str; 12] = [
+pub const RESERVED_ENV: [&str; 13] = [
     env::RANK,
     env::WORLD_SIZE,
     env::LOCAL_RANK,
     env::MASTER_ADDR,
     env::MASTER_PORT,
     env::POD_IP,
+    env::BIND_ADDR,
     env::NAMESPACE,
     env::PLAN_CONFIGMAP,
     env::RESTART_COUNT,
@@ -63,57 +64,6 @@ fn is_dns1035_label(s: &str) -> bool {
 
 fn decimal(s: &str) -> Option<f64> {
     s.trim().parse::<f64>().ok().filter(|v| v.is_finite())
-}
-
-/// `scheme://host[:port]` of an http(s) URL, lower-cased; `None` for any
-/// other scheme, an empty host or user information (`user@host`).
-pub fn origin(url: &str) -> Option<String> {
-    let (scheme, rest) = url.trim().split_once("://")?;
-    let scheme = scheme.to_ascii_lowercase();
-    if scheme != "http" && scheme != "https" {
-        return None;
-    }
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if authority.is_empty() || authority.contains('@') {
-        return None;
-    }
-    Some(format!("{scheme}://{}", authority.to_ascii_lowercase()))
-}
-
-/// A job's own `prometheusUrl`: allowed when its origin is that of the
-/// operator's `--prometheus-url` or of an `--allow-prometheus-url` entry.
-pub fn prometheus_allowed(
-    url: &str,
-    default_url: Option<&str>,
-    allowed: &[String],
-) -> Option<Problem> {
-    let Some(mine) = origin(url) else {
-        return Some(Problem {
-            field: "spec.loadBalancing.prometheusUrl".into(),
-            message: format!(
-                "{url:?} is not an http(s) URL without user information, like http://prometheus.monitoring:9090"
-            ),
-        });
-    };
-    let ok: Vec<String> = default_url
-        .into_iter()
-        .chain(allowed.iter().map(String::as_str))
-        .filter_map(origin)
-        .collect();
-    if ok.contains(&mine) {
-        return None;
-    }
-    let choices = if ok.is_empty() {
-        "this operator allows none".to_string()
-    } else {
-        format!("allowed: {}", ok.join(", "))
-    };
-    Some(Problem {
-        field: "spec.loadBalancing.prometheusUrl".into(),
-        message: format!(
-            "{mine} is not a Prometheus this operator may query ({choices}); name an allowed one, leave prometheusUrl unset to use the operator's --prometheus-url, or ask the operator's administrator to add {mine} to --allow-prometheus-url (chart: operator.allowedPrometheusUrls)"
-        ),
-    })
 }
 
 /// Check `spec` of job `name`. `default_prometheus` is the operator's

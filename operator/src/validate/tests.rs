@@ -427,7 +427,15 @@ fn a_jobs_prometheus_must_be_the_operators_or_allowed() {
         allowed: &allowed,
     };
     let verdict = |url: &str, policy: PrometheusPolicy<'_>| -> Option<String> {
-        match check(&with_url(url), policy).expect("identity") {
+        match check(
+            &with_url(url),
+            Admission {
+                prometheus: policy,
+                ..Default::default()
+            },
+        )
+        .expect("identity")
+        {
             Checked::Valid(_) => None,
             Checked::Invalid { problems, .. } => {
                 assert_eq!(problems.len(), 1, "{problems:?}");
@@ -460,4 +468,87 @@ fn a_jobs_prometheus_must_be_the_operators_or_allowed() {
     // No operator URL and no allow-list: a job may name none.
     let msg = verdict("http://prom.monitoring:9090", PrometheusPolicy::default()).expect("refused");
     assert!(msg.contains("allows none"), "{msg}");
+}
+
+#[test]
+fn service_accounts_and_images_are_what_the_operator_allows() {
+    let job_with = |patch: serde_json::Value| {
+        let mut v = base();
+        merge(&mut v["spec"], &patch);
+        let mut job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+        job.metadata.namespace = Some("ml".into());
+        job.metadata.uid = Some("u-1".into());
+        job
+    };
+    let sas = vec!["heterotrain-trainer".to_string(), "team-runner".to_string()];
+    let images = vec![
+        "ghcr.io/heterotrain/".to_string(),
+        "registry.example.org/ml".to_string(),
+    ];
+    let admission = Admission {
+        service_accounts: &sas,
+        images: &images,
+        ..Default::default()
+    };
+    let fields = |patch: serde_json::Value, a: Admission<'_>| -> Vec<String> {
+        match check(&job_with(patch), a).expect("identity") {
+            Checked::Valid(_) => vec![],
+            Checked::Invalid { problems, .. } => {
+                for p in &problems {
+                    assert!(p.message.contains("--allow-"), "{p:?}");
+                }
+                problems.into_iter().map(|p| p.field).collect()
+            }
+        }
+    };
+    let none: Vec<String> = vec![];
+    // Allowed: no choice made, an allowed account, images under allowed prefixes.
+    assert_eq!(fields(serde_json::json!({}), admission), none);
+    assert_eq!(
+        fields(
+            serde_json::json!({
+                "serviceAccountName": "team-runner",
+                "image": "ghcr.io/heterotrain/heterotrain-trainer:1",
+                "workers": [{"name": "cpu", "replicas": 2, "image": "registry.example.org/ml/t@sha256:ab"}]
+            }),
+            admission
+        ),
+        none
+    );
+    // Refused: another account; look-alike images, per field.
+    assert_eq!(
+        fields(
+            serde_json::json!({
+                "serviceAccountName": "namespace-admin",
+                "image": "ghcr.io/heterotrain-evil/trainer:1",
+                "workers": [{"name": "cpu", "replicas": 2, "image": "registry.example.org/mlx/t:1"}]
+            }),
+            admission
+        ),
+        [
+            "spec.serviceAccountName",
+            "spec.image",
+            "spec.workers[0].image"
+        ]
+    );
+    // `*` allows any account; empty lists allow anything.
+    let any = vec!["*".to_string()];
+    let a = Admission {
+        service_accounts: &any,
+        ..Default::default()
+    };
+    assert_eq!(
+        fields(
+            serde_json::json!({"serviceAccountName": "namespace-admin"}),
+            a
+        ),
+        none
+    );
+    assert_eq!(
+        fields(
+            serde_json::json!({"serviceAccountName": "x", "image": "anything:1"}),
+            Admission::default()
+        ),
+        none
+    );
 }

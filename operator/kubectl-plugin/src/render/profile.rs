@@ -56,6 +56,7 @@ pub fn profile(
     live: &BTreeMap<u32, LiveProfile>,
 ) -> String {
     let spec = &v.job.spec;
+    let namespace = v.job.metadata.namespace.clone().unwrap_or_default();
     let share = f64::from(spec.training.global_batch_size) / f64::from(spec.world_size().max(1));
     struct Row {
         cells: Vec<String>,
@@ -72,7 +73,7 @@ pub fn profile(
             .or_else(|| profile_cache::group_accelerator(g).map(str::to_string));
         let cached = accel
             .as_ref()
-            .and_then(|a| cache.get(&profile_cache::key(a, g.device, &spec.model)));
+            .and_then(|a| cache.get(&profile_cache::key(&namespace, a, g, &spec.model)));
         let lp = live.get(&(rank as u32));
         let (a, c, max_batch, source) = match (lp, cached) {
             (Some(lp), _) if lp.per_sample_seconds.is_some() => (
@@ -152,14 +153,16 @@ pub fn profile(
         "MAX BATCH",
         "POINTS",
     ]);
+    let mine = format!("{namespace}.");
     for (k, p) in cache.iter().filter(|(k, _)| {
-        k.ends_with(&format!(
-            "_{}",
-            model.replace(
-                |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'),
-                "_"
-            )
-        ))
+        k.starts_with(&mine)
+            && k.ends_with(&format!(
+                "_{}",
+                model.replace(
+                    |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'),
+                    "_"
+                )
+            ))
     }) {
         let f = fit(&p.points);
         known.row(vec![
@@ -171,7 +174,7 @@ pub fn profile(
         ]);
     }
     if !known.is_empty() {
-        out.push_str("\nProfile cache entries for this model:\n");
+        out.push_str("\nProfile cache entries for this model in this namespace:\n");
         out.push_str(&known.render());
     }
     out
