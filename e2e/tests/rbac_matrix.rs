@@ -187,6 +187,56 @@ impl Subject<'_> {
     ) {
         self.case(false, what, verb, gr, ns, name);
     }
+
+    /// The operator's Lease fence, the same in both modes: its own Lease by
+    /// name (get, update) and no other — none in kube-system, none created.
+    fn lease_fence(&mut self, sys: &str) {
+        self.can("get its own Lease", "get", LEASES, Some(sys), Some(LEASE));
+        self.can(
+            "update its own Lease",
+            "update",
+            LEASES,
+            Some(sys),
+            Some(LEASE),
+        );
+        let kube_system = "kube-system";
+        for (what, verb, ns, name) in [
+            (
+                "get a Lease in kube-system",
+                "get",
+                kube_system,
+                Some(LEASE),
+            ),
+            (
+                "update a Lease in kube-system",
+                "update",
+                kube_system,
+                Some(LEASE),
+            ),
+            (
+                "update kube-controller-manager's Lease",
+                "update",
+                kube_system,
+                Some("kube-controller-manager"),
+            ),
+            (
+                "update kube-scheduler's Lease",
+                "update",
+                kube_system,
+                Some("kube-scheduler"),
+            ),
+            ("create Leases in kube-system", "create", kube_system, None),
+            ("create Leases in its own namespace", "create", sys, None),
+            (
+                "update another Lease in its own namespace",
+                "update",
+                sys,
+                Some("other-lease"),
+            ),
+        ] {
+            self.cannot(what, verb, LEASES, Some(ns), name);
+        }
+    }
 }
 
 const PODS: (&str, &str) = ("", "pods");
@@ -303,14 +353,7 @@ fn namespaced_operator_cases(cases: &mut Vec<Case>) {
             None,
         );
     }
-    op.can("get its own Lease", "get", LEASES, Some(sys), Some(LEASE));
-    op.can(
-        "update its own Lease",
-        "update",
-        LEASES,
-        Some(sys),
-        Some(LEASE),
-    );
+    op.lease_fence(sys);
     op.can(
         "get the profile cache",
         "get",
@@ -358,46 +401,11 @@ fn namespaced_operator_cases(cases: &mut Vec<Case>) {
     op.cannot("list pods of every namespace", "list", PODS, None, None);
     op.cannot("list jobs of every namespace", "list", JOBS, None, None);
     op.cannot(
-        "get a Lease in kube-system",
-        "get",
-        LEASES,
-        Some("kube-system"),
-        Some(LEASE),
-    );
-    op.cannot(
-        "update a Lease in kube-system",
-        "update",
-        LEASES,
-        Some("kube-system"),
-        Some(LEASE),
-    );
-    op.cannot(
-        "update kube-controller-manager's Lease",
-        "update",
-        LEASES,
-        Some("kube-system"),
-        Some("kube-controller-manager"),
-    );
-    op.cannot(
-        "create Leases in its own namespace",
-        "create",
-        LEASES,
-        Some(sys),
-        None,
-    );
-    op.cannot(
         "create its own Lease by name",
         "create",
         LEASES,
         Some(sys),
         Some(LEASE),
-    );
-    op.cannot(
-        "update another Lease in its own namespace",
-        "update",
-        LEASES,
-        Some(sys),
-        Some("other-lease"),
     );
     op.cannot(
         "list Leases in its own namespace",
@@ -488,58 +496,9 @@ fn cluster_wide_operator_cases(cases: &mut Vec<Case>) {
         Some("team-c"),
         None,
     );
-    op.can("get its own Lease", "get", LEASES, Some(sys), Some(LEASE));
-    op.can(
-        "update its own Lease",
-        "update",
-        LEASES,
-        Some(sys),
-        Some(LEASE),
-    );
+    op.lease_fence(sys);
     op.can("get a node", "get", NODES, None, Some("node-1"));
 
-    op.cannot(
-        "get a Lease in kube-system",
-        "get",
-        LEASES,
-        Some("kube-system"),
-        Some(LEASE),
-    );
-    op.cannot(
-        "update a Lease in kube-system",
-        "update",
-        LEASES,
-        Some("kube-system"),
-        Some(LEASE),
-    );
-    op.cannot(
-        "update kube-scheduler's Lease",
-        "update",
-        LEASES,
-        Some("kube-system"),
-        Some("kube-scheduler"),
-    );
-    op.cannot(
-        "create Leases in kube-system",
-        "create",
-        LEASES,
-        Some("kube-system"),
-        None,
-    );
-    op.cannot(
-        "create Leases in its own namespace",
-        "create",
-        LEASES,
-        Some(sys),
-        None,
-    );
-    op.cannot(
-        "update another Lease in its own namespace",
-        "update",
-        LEASES,
-        Some(sys),
-        Some("other-lease"),
-    );
     op.cannot("list Leases of every namespace", "list", LEASES, None, None);
     op.cannot("list nodes", "list", NODES, None, None);
 }
