@@ -12,6 +12,7 @@ pub mod keeper;
 pub mod nodesim;
 pub mod paths;
 pub mod pki;
+pub mod pod_security;
 pub mod ports;
 pub mod prometheus;
 pub mod system;

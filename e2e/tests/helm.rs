@@ -306,9 +306,19 @@ fn operator_pod(docs: &[Value]) -> PodSpec {
 #[test]
 fn operator_pod_is_restricted() {
     // Kubernetes 1.20 has no PodSecurity admission: check the "restricted"
-    // profile's rules on what the chart renders instead.
+    // profile's rules (every upstream check, `pod_security`) on what the
+    // chart renders instead, and what the chart adds beyond them.
     for (what, extra) in value_sets() {
-        let pod = operator_pod(&template(&extra));
+        let docs = template(&extra);
+        let deploy: Deployment = typed(one(&docs, "Deployment"));
+        let as_pod = k8s_openapi::api::core::v1::Pod {
+            metadata: deploy.spec.template.metadata.clone().unwrap_or_default(),
+            spec: deploy.spec.template.spec.clone(),
+            status: None,
+        };
+        let violations = heterotrain_e2e::pod_security::restricted(&as_pod);
+        assert!(violations.is_empty(), "{what}: {violations:?}");
+        let pod = operator_pod(&docs);
         let psc = pod.security_context.clone().expect("pod securityContext");
         assert_eq!(psc.run_as_non_root, Some(true), "{what}");
         assert!(psc.run_as_user.is_some_and(|u| u != 0), "{what}: runAsUser");

@@ -7,8 +7,10 @@ mod support;
 
 use std::time::Duration;
 
+use heterotrain_e2e::nodesim::netpol;
 use heterotrain_e2e::system::SystemOptions;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use support::*;
@@ -272,6 +274,86 @@ exit 3"#;
     })
     .await;
     assert_eq!(v["value"][1], "42", "{v}");
+
+    // NetworkPolicies are enforced between pod IPs: with a policy admitting
+    // only `role: friend` pods to the exporter's `metrics` port, a friend
+    // connects, a stranger (same namespace) is refused, the node itself
+    // (Prometheus, the operator) still connects; without the policy the
+    // stranger connects again.
+    let exporter_ip = wait_pod(&pods, "exporter", "Running", |p| phase(p) == "Running")
+        .await
+        .status
+        .and_then(|s| s.pod_ip)
+        .unwrap();
+    let mut ips = std::collections::BTreeMap::new();
+    for (name, role) in [("friend", "friend"), ("stranger", "other")] {
+        let pod = json!({
+            "metadata": {"name": name, "labels": {"role": role}},
+            "spec": {"restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "300"]}]}
+        });
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
+        .unwrap();
+        let p = wait_pod(&pods, name, "Running", |p| phase(p) == "Running").await;
+        ips.insert(name, p.status.and_then(|s| s.pod_ip).unwrap());
+    }
+    let connect = |from: String| {
+        let to = exporter_ip.clone();
+        async move { netpol::connect_from(&from, &to, 9400).await }
+    };
+    for from in [&ips["friend"], &ips["stranger"]] {
+        connect(from.clone()).await.expect("no policy yet: open");
+    }
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    let policy = json!({
+        "metadata": {"name": "exporter-from-friends"},
+        "spec": {"podSelector": {"matchLabels": {"heterotrain.dev/job": "j"}},
+                 "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "friend"}}}],
+                              "ports": [{"port": "metrics"}]}]}
+    });
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(policy).unwrap(),
+        )
+        .await
+        .unwrap();
+    let stranger = ips["stranger"].clone();
+    let refused = wait_for("the stranger refused", Duration::from_secs(20), || {
+        let c = connect(stranger.clone());
+        async move { c.await.err() }
+    })
+    .await;
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "{refused}"
+    );
+    assert_eq!(sim.network_policy_state(), netpol::State::Enforcing);
+    connect(ips["friend"].clone())
+        .await
+        .expect("a friend connects");
+    connect("127.0.0.1".into())
+        .await
+        .expect("the node connects");
+    policies
+        .delete("exporter-from-friends", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the stranger admitted again",
+        Duration::from_secs(20),
+        || {
+            let c = connect(stranger.clone());
+            async move { c.await.ok() }
+        },
+    )
+    .await;
 
     bed.stop().await;
     let hosts = std::fs::read_to_string("/etc/hosts").unwrap();

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
-use heterotrain_e2e::nodesim::NodesFile;
+use heterotrain_e2e::nodesim::{netpol, NodesFile};
 use heterotrain_e2e::system::{System, SystemOptions};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
@@ -114,6 +114,52 @@ async fn rank_nodes(system: &System, ns: &str, job: &str) -> BTreeMap<u32, Strin
     out
 }
 
+/// Pod IPs for the isolation check: a pod started in namespace `intruder`
+/// (another tenant), and ranks 1 and 0 of job `ns/job`.
+async fn isolation_probe_ips(
+    system: &System,
+    ns: &str,
+    job: &str,
+) -> Result<(String, String, String), String> {
+    system
+        .create_namespace("intruder")
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = system.client().await.map_err(|e| e.to_string())?;
+    let intruders: Api<Pod> = Api::namespaced(client.clone(), "intruder");
+    let pod = serde_json::json!({
+        "metadata": {"name": "intruder", "labels": {"heterotrain.dev/job": job}},
+        "spec": {"restartPolicy": "Never", "nodeSelector": {"pool": "big-cpu"},
+            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}
+    });
+    intruders
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(pod).map_err(|e| e.to_string())?,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let ranks: Api<Pod> = Api::namespaced(client, ns);
+    let ip_of = |api: Api<Pod>, name: String| async move {
+        heterotrain_e2e::wait::eventually(
+            &format!("{name} running with an IP"),
+            Duration::from_secs(60),
+            Duration::from_millis(300),
+            || async {
+                let p = api.get_opt(&name).await.ok().flatten();
+                Ok(p.and_then(|p| p.status).and_then(|s| s.pod_ip))
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+    };
+    Ok((
+        ip_of(intruders, "intruder".into()).await?,
+        ip_of(ranks.clone(), format!("{job}-1")).await?,
+        ip_of(ranks, format!("{job}-0")).await?,
+    ))
+}
+
 fn phase(j: &HeteroTrainingJob) -> &str {
     j.status
         .as_ref()
@@ -196,6 +242,49 @@ async fn end_to_end() {
         let want = (st.step * 100 / 600) as u32;
         if p.total_steps != 600 || p.percent.abs_diff(want) > 1 {
             return Err(format!("progress {p:?} at step {} of 600", st.step));
+        }
+        // The job's NetworkPolicy, enforced by the simulator: a pod of
+        // another namespace (copying the job-name label) cannot reach rank
+        // 0's c10d store or metrics, the job's own rank 1 can, and the job
+        // trains on to Succeeded.
+        let (intruder, rank1, rank0) = isolation_probe_ips(&system, "dynamic", "qs").await?;
+        for port in [29500, 9400] {
+            match netpol::connect_from(&intruder, &rank0, port).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                other => {
+                    return Err(format!(
+                        "another namespace's pod reached rank 0 at {rank0}:{port}: {other:?} \
+                         (policy enforcement: {:?})",
+                        system.sim.network_policy_state()
+                    ))
+                }
+            }
+        }
+        netpol::connect_from(&rank1, &rank0, 29500)
+            .await
+            .map_err(|e| format!("rank 1 could not reach rank 0's store: {e}"))?;
+        // The rank pods as the API server admitted them pass PodSecurity
+        // `restricted` (every upstream check, `pod_security`).
+        let pods: Api<Pod> =
+            Api::namespaced(system.client().await.map_err(|e| e.to_string())?, "dynamic");
+        let live = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        if live.items.len() != 2 {
+            return Err(format!(
+                "{} pods in namespace dynamic, want 2",
+                live.items.len()
+            ));
+        }
+        for pod in &live.items {
+            let v = heterotrain_e2e::pod_security::restricted(pod);
+            if !v.is_empty() {
+                return Err(format!(
+                    "pod {:?} breaks restricted: {v:?}",
+                    pod.metadata.name
+                ));
+            }
         }
         let job = system
             .wait_job("dynamic", "qs", wait, "Succeeded", succeeded)

@@ -15,6 +15,7 @@ pub mod entries;
 pub mod env;
 pub mod hosts;
 pub mod mounts;
+pub mod netpol;
 pub mod node;
 pub mod pod;
 pub mod status;
@@ -50,6 +51,8 @@ pub struct Ctx {
     pub targets: targets::Targets,
     /// Speeds changed at run time ([`NodeSimulator::set_speed`]).
     speeds: Mutex<HashMap<String, f64>>,
+    /// NetworkPolicy enforcement between the pods' IPs.
+    pub netpol: netpol::Enforcer,
 }
 
 impl Ctx {
@@ -136,6 +139,7 @@ impl NodeSimulator {
                 .collect(),
             state_dir: state_dir.to_path_buf(),
             hosts: hosts::HostsFile::new(Path::new("/etc/hosts"), &instance),
+            netpol: netpol::Enforcer::new(&instance),
             cgroup_version: version,
             instance,
             api,
@@ -162,6 +166,14 @@ impl NodeSimulator {
         }));
         let w = ctx.clone();
         tasks.push(tokio::spawn(async move { watch::watch_pods(w).await }));
+        // Policies change without pods changing: re-read them every second.
+        let np = ctx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let _ = np.netpol.sync(&np.client).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }));
         Ok(NodeSimulator {
             ctx,
             tasks,
@@ -243,6 +255,11 @@ impl NodeSimulator {
         self.ctx.nodes.keys().cloned().collect()
     }
 
+    /// Whether the pods' NetworkPolicies are enforced (see [`netpol`]).
+    pub fn network_policy_state(&self) -> netpol::State {
+        self.ctx.netpol.state()
+    }
+
     /// The simulator's state directory (pod logs are under `logs/pods/`).
     pub fn state_dir(&self) -> &Path {
         &self.ctx.state_dir
@@ -268,6 +285,7 @@ impl NodeSimulator {
             .map(|p| pod::terminate(p, Duration::from_secs(5)));
         futures::future::join_all(stops).await;
         let _ = self.ctx.hosts.clear();
+        self.ctx.netpol.clear();
     }
 }
 
@@ -284,6 +302,7 @@ impl Drop for NodeSimulator {
             }
         }
         let _ = self.ctx.hosts.clear();
+        self.ctx.netpol.clear();
     }
 }
 

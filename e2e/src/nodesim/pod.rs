@@ -100,6 +100,8 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
     }
     let _ = ctx.hosts.remove(&uid);
     ctx.targets.remove(&uid);
+    ctx.netpol.remove(&uid);
+    let _ = ctx.netpol.sync(&ctx.client).await;
     if running.terminating.load(Ordering::SeqCst) {
         finalize_delete(&ctx, &pod).await;
     }
@@ -179,6 +181,9 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         env.insert("KUBERNETES_SERVICE_PORT".into(), ctx.api().port.to_string());
     }
     ctx.hosts.add(&uid, &ip, dns_names(pod))?;
+    // The pod's policies hold before its process can accept a connection.
+    ctx.netpol.add(&uid, super::netpol::PodNet::of(pod, &ip));
+    let _ = ctx.netpol.sync(&ctx.client).await;
     let limit = cpu_limit(&container, cpu_cores(&node.cpu).unwrap_or(1.0));
     let cores = limit * ctx.speed_of(&node_name);
     let cgroup = Cgroup::create(ctx.cgroup_version, &ctx.instance, &uid, cores)?.map(Arc::new);
