@@ -20,6 +20,7 @@ pub struct Prometheus {
     child: Child,
     port: u16,
     dir: PathBuf,
+    tls: bool,
 }
 
 /// The file-SD target file Prometheus reads under `dir`.
@@ -31,6 +32,16 @@ impl Prometheus {
     /// Start Prometheus with its data, config and targets under `dir`,
     /// scraping every `interval`.
     pub fn start(dir: &Path, interval: Duration) -> Result<Prometheus> {
+        Prometheus::start_with(dir, interval, None)
+    }
+
+    /// [`Prometheus::start`] serving https with the PEM certificate and key
+    /// `tls` (its `--web.config.file`); [`Prometheus::url`] is then https.
+    pub fn start_with(
+        dir: &Path,
+        interval: Duration,
+        tls: Option<(&Path, &Path)>,
+    ) -> Result<Prometheus> {
         let bin = find_binary("prometheus")
             .ok_or_else(|| anyhow!("prometheus not found; run `make setup`"))?;
         std::fs::create_dir_all(dir.join("data"))?;
@@ -61,16 +72,32 @@ scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n     
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+        if let Some((cert, key)) = tls {
+            let web = dir.join("web.yml");
+            std::fs::write(
+                &web,
+                format!(
+                    "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                    cert.display(),
+                    key.display()
+                ),
+            )?;
+            cmd.arg(format!("--web.config.file={}", web.display()));
+        }
         let child = spawn_tied(cmd).context("starting prometheus")?;
         let p = Prometheus {
             child,
             port,
             dir: dir.to_path_buf(),
+            tls: tls.is_some(),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if matches!(http_get(port, "/-/ready"), Ok((200, _))) {
-                return Ok(p);
+            // An https server answers plain HTTP with a 400 naming HTTPS.
+            match http_get(port, "/-/ready") {
+                Ok((200, _)) if !p.tls => return Ok(p),
+                Ok((400, body)) if p.tls && body.contains("HTTPS") => return Ok(p),
+                _ => {}
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
@@ -80,9 +107,10 @@ scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n     
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Directory holding config, data and targets.

@@ -609,7 +609,37 @@ fn value_sets_render_what_they_ask_for() {
         args.contains(&"--allow-service-account=heterotrain-trainer".to_string()),
         "{args:?}"
     );
+    // An https Prometheus: the Secret mounted read-only, its CA and token
+    // files passed as flags.
+    for flag in [
+        "--prometheus-ca-file=/etc/heterotrain/prometheus/ca.crt",
+        "--prometheus-bearer-token-file=/etc/heterotrain/prometheus/token",
+    ] {
+        assert!(args.contains(&flag.to_string()), "{args:?}");
+    }
+    let secret = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "prometheus-auth")
+        .and_then(|v| v.secret.clone())
+        .expect("the prometheus-auth Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("prometheus-client"));
+    let mount = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "prometheus-auth")
+        .expect("mounted");
+    assert_eq!(mount.read_only, Some(true));
     let defaults = args_of(&operator_pod(&template(&[])));
+    assert!(
+        !defaults
+            .iter()
+            .any(|a| a.starts_with("--prometheus-ca-file")
+                || a.starts_with("--prometheus-bearer-token-file")),
+        "{defaults:?}"
+    );
     assert!(
         !defaults
             .iter()

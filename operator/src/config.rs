@@ -39,6 +39,8 @@ pub struct OperatorConfig {
     pub metrics_source: MetricsSourceMode,
     /// Prometheus URL for jobs that ask for Prometheus without their own URL.
     pub prometheus_url: Option<String>,
+    /// The CA and bearer token for an https Prometheus.
+    pub prometheus_auth: crate::scrape::PrometheusAuth,
     /// Origins (`scheme://host[:port]`) besides `prometheus_url`'s that a
     /// job's own `loadBalancing.prometheusUrl` may name.
     pub allowed_prometheus: Vec<String>,
@@ -137,6 +139,7 @@ impl Default for OperatorConfig {
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,
+            prometheus_auth: Default::default(),
             allowed_prometheus: Vec::new(),
             allowed_service_accounts: Vec::new(),
             allowed_images: Vec::new(),

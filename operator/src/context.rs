@@ -37,7 +37,12 @@ pub struct Context {
 
 impl Context {
     /// A context for `client` (whose identity the operator acts as).
-    pub fn new(client: Client, config: OperatorConfig, metrics: Metrics) -> Arc<Context> {
+    /// Fails when the Prometheus CA or token file is unusable.
+    pub fn new(
+        client: Client,
+        config: OperatorConfig,
+        metrics: Metrics,
+    ) -> crate::error::Result<Arc<Context>> {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -45,9 +50,9 @@ impl Context {
                 instance: Some(config.identity.clone()),
             },
         );
-        Arc::new(Context {
+        Ok(Arc::new(Context {
             lease: LeaseHealth::new(config.lease_duration),
-            scraper: Scraper::new(config.scrape_timeout)
+            scraper: Scraper::with_prometheus_auth(config.scrape_timeout, &config.prometheus_auth)?
                 .with_max_body(config.scrape_max_body_bytes),
             client,
             config,
@@ -56,7 +61,7 @@ impl Context {
             rebalancer: Rebalancer::new(),
             failures: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
-        })
+        }))
     }
 
     /// Publish an Event on `job` (failures are logged, never fatal).

@@ -36,6 +36,15 @@ struct Cli {
     /// Prometheus base URL for jobs that use Prometheus without their own prometheusUrl.
     #[arg(long, env = "HETEROTRAIN_PROMETHEUS_URL")]
     prometheus_url: Option<String>,
+    /// PEM file of CAs to trust for an https Prometheus, besides the
+    /// system's roots (e.g. a mounted Secret's ca.crt).
+    #[arg(long, env = "HETEROTRAIN_PROMETHEUS_CA_FILE")]
+    prometheus_ca_file: Option<std::path::PathBuf>,
+    /// File holding a bearer token sent to Prometheus with every query
+    /// (re-read each time, so a rotated token is used; never logged). Sent
+    /// to --prometheus-url and the --allow-prometheus-url origins only.
+    #[arg(long, env = "HETEROTRAIN_PROMETHEUS_BEARER_TOKEN_FILE")]
+    prometheus_bearer_token_file: Option<std::path::PathBuf>,
     /// A Prometheus (its scheme://host:port) a job's own
     /// loadBalancing.prometheusUrl may name besides --prometheus-url; repeat
     /// or separate with commas. A job naming any other is refused (Invalid),
@@ -178,6 +187,10 @@ async fn run() -> anyhow::Result<()> {
         },
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
+        prometheus_auth: heterotrain_operator::scrape::PrometheusAuth {
+            ca_file: cli.prometheus_ca_file,
+            bearer_token_file: cli.prometheus_bearer_token_file,
+        },
         allowed_prometheus: config::allowed_prometheus(&cli.allowed_prometheus)
             .map_err(anyhow::Error::msg)?,
         allowed_service_accounts: nonblank(cli.allowed_service_accounts),
@@ -191,7 +204,7 @@ async fn run() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes")?;
-    let ctx = Context::new(client, config, Metrics::new());
+    let ctx = Context::new(client, config, Metrics::new())?;
     let (listener, addr) = server::bind(cli.http_addr)
         .await
         .context("binding the HTTP server")?;

@@ -633,7 +633,8 @@ async fn operator_serves_its_metrics() {
         ctx,
         std::future::pending(),
     ));
-    let scraper = heterotrain_operator::scrape::Scraper::new(Duration::from_secs(2));
+    let scraper =
+        heterotrain_operator::scrape::Scraper::new(Duration::from_secs(2)).expect("client");
     let text = scraper
         .get_text(&format!("http://{addr}/metrics"))
         .await

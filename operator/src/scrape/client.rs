@@ -1,14 +1,21 @@
-//! The plain-HTTP client for pod scrapes and Prometheus queries. Every
+//! The HTTP client for pod scrapes (plain HTTP) and Prometheus queries
+//! (http or https: the system's roots plus `--prometheus-ca-file`, and a
+//! bearer token read from `--prometheus-bearer-token-file` at every query,
+//! so a rotated token is picked up; the token goes to Prometheus only,
+//! never to a pod, and is never logged). Every
 //! request is bounded twice: by a timeout over the whole exchange (connect,
 //! headers, body) and by a body-size limit enforced while the body streams
 //! in, so a slow or huge endpoint costs one rank's metrics for one round and
 //! never more than the limit in memory. Ranks are scraped concurrently, so
 //! one rank's failure does not hold up the others.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::{Body, Bytes};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -21,12 +28,58 @@ use crate::error::{Error, Result};
 /// Default limit on one response body: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
-/// A small plain-HTTP client for scrapes and Prometheus queries.
+/// A small HTTP client for scrapes and Prometheus queries.
 #[derive(Clone)]
 pub struct Scraper {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     timeout: Duration,
     max_body: usize,
+    /// File holding the bearer token sent with Prometheus queries.
+    prometheus_token_file: Option<PathBuf>,
+}
+
+/// How the operator reaches Prometheus over https.
+#[derive(Clone, Debug, Default)]
+pub struct PrometheusAuth {
+    /// PEM file of CAs trusted besides the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// File whose (trimmed) content is sent as `Authorization: Bearer`.
+    pub bearer_token_file: Option<PathBuf>,
+}
+
+/// rustls with the system's roots and the CAs in `ca_file`.
+fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let invalid = |m: String| Error::Invalid(m);
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates are skipped, as curl and Go do.
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| invalid(format!("--prometheus-ca-file {}: {e}", path.display())))?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| invalid(format!("--prometheus-ca-file {}: {e}", path.display())))?;
+        if certs.is_empty() {
+            return Err(invalid(format!(
+                "--prometheus-ca-file {}: no PEM certificate in it",
+                path.display()
+            )));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| invalid(format!("--prometheus-ca-file {}: {e}", path.display())))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(format!("TLS set-up: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Read `body` to its end, failing as soon as more than `limit` bytes came.
@@ -60,14 +113,37 @@ where
 
 impl Scraper {
     /// A client whose every request gives up after `timeout` or once its
-    /// body passes [`DEFAULT_MAX_BODY_BYTES`].
-    pub fn new(timeout: Duration) -> Scraper {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
+    /// body passes [`DEFAULT_MAX_BODY_BYTES`]; https with the system's roots.
+    pub fn new(timeout: Duration) -> Result<Scraper> {
+        Scraper::with_prometheus_auth(timeout, &PrometheusAuth::default())
+    }
+
+    /// [`Scraper::new`] that also trusts `auth.ca_file` and sends the token
+    /// in `auth.bearer_token_file` with Prometheus queries. Fails when the CA
+    /// file cannot be read or holds no certificate, or the token file cannot
+    /// be read (checked now, so a wrong path stops the operator at start).
+    pub fn with_prometheus_auth(timeout: Duration, auth: &PrometheusAuth) -> Result<Scraper> {
+        if let Some(path) = &auth.bearer_token_file {
+            read_token(path)?;
+        }
+        let tls = tls_config(auth.ca_file.as_deref())?;
+        Ok(Scraper::build(timeout, tls, auth.bearer_token_file.clone()))
+    }
+
+    fn build(timeout: Duration, tls: rustls::ClientConfig, token: Option<PathBuf>) -> Scraper {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(timeout));
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         Scraper {
             client: Client::builder(TokioExecutor::new()).build(connector),
             timeout,
             max_body: DEFAULT_MAX_BODY_BYTES,
+            prometheus_token_file: token,
         }
     }
 
@@ -79,17 +155,37 @@ impl Scraper {
     /// GET `url` and return the body as text (2xx only); fails with
     /// [`Error::ScrapeTooLarge`] once the body passes the size limit.
     pub async fn get_text(&self, url: &str) -> Result<String> {
+        self.get(url, None).await
+    }
+
+    /// GET `url` with `Authorization: Bearer <token>` when a token is given.
+    async fn get(&self, url: &str, token: Option<String>) -> Result<String> {
         let fail = |message: String| Error::Scrape {
             target: url.to_string(),
             message,
         };
         let uri: hyper::Uri = url.parse().map_err(|e| fail(format!("bad URL: {e}")))?;
+        let mut req = hyper::Request::get(uri);
+        if let Some(t) = token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| fail(format!("request: {e}")))?;
         let fut = async {
-            let resp = self
-                .client
-                .get(uri)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let resp = self.client.request(req).await.map_err(|e| {
+                use std::error::Error as _;
+                // The cause (a TLS verification failure, a refused
+                // connection) is what a user needs; hyper's own text is
+                // only "client error (Connect)".
+                let mut msg = e.to_string();
+                let mut src = e.source();
+                while let Some(s) = src {
+                    msg = format!("{msg}: {s}");
+                    src = s.source();
+                }
+                fail(msg)
+            })?;
             let status = resp.status();
             if !status.is_success() {
                 return Err(fail(format!("HTTP {status}")));
@@ -153,11 +249,34 @@ impl Scraper {
             base.trim_end_matches('/'),
             percent_encode(&query)
         );
-        let text = self.get_text(&url).await?;
+        let token = match &self.prometheus_token_file {
+            Some(path) => Some(read_token(path)?),
+            None => None,
+        };
+        let text = self.get(&url, token).await?;
         let series = parse_prometheus_vector(&text).map_err(|message| Error::Scrape {
             target: url.clone(),
             message,
         })?;
         Ok(group_by_rank(&series, job, world_size))
     }
+}
+
+/// The bearer token in `path`, trimmed (a Secret's or a projected token's
+/// file); its content is never put in an error.
+fn read_token(path: &Path) -> Result<String> {
+    let t = std::fs::read_to_string(path).map_err(|e| {
+        Error::Invalid(format!(
+            "--prometheus-bearer-token-file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let t = t.trim().to_string();
+    if t.is_empty() || t.contains(['\r', '\n']) {
+        return Err(Error::Invalid(format!(
+            "--prometheus-bearer-token-file {}: empty or more than one line",
+            path.display()
+        )));
+    }
+    Ok(t)
 }

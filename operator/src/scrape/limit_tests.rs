@@ -93,7 +93,9 @@ async fn serve(a: Answer) -> u16 {
 async fn too_large(a: Answer) {
     let port = serve(a).await;
     // A long timeout: the limit, not the timeout, must end the scrape.
-    let scraper = Scraper::new(Duration::from_secs(60)).with_max_body(4 << 20);
+    let scraper = Scraper::new(Duration::from_secs(60))
+        .expect("client")
+        .with_max_body(4 << 20);
     let start = Instant::now();
     let r = scraper.scrape_pod("127.0.0.1", port).await;
     match r {
@@ -128,7 +130,9 @@ async fn one_bad_rank_does_not_hold_up_the_others() {
     let port = serve_on("127.0.0.1", 0, Answer::Small).await;
     serve_on("127.0.0.2", port, Answer::Endless).await;
     serve_on("127.0.0.3", port, Answer::Hang).await;
-    let scraper = Scraper::new(Duration::from_secs(2)).with_max_body(1 << 20);
+    let scraper = Scraper::new(Duration::from_secs(2))
+        .expect("client")
+        .with_max_body(1 << 20);
     let targets: Vec<Option<String>> = vec![
         Some("127.0.0.1".into()),
         Some("127.0.0.2".into()),

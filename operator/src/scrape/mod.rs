@@ -9,7 +9,7 @@ mod client;
 mod exposition;
 mod prometheus;
 
-pub use client::{Scraper, DEFAULT_MAX_BODY_BYTES};
+pub use client::{PrometheusAuth, Scraper, DEFAULT_MAX_BODY_BYTES};
 pub use exposition::parse_exposition;
 pub use prometheus::{group_by_rank, parse_prometheus_vector, percent_encode};
 
@@ -124,3 +124,5 @@ mod fuzz_tests;
 mod limit_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

@@ -313,7 +313,7 @@ impl Operator {
 
     /// Start a replica as whoever `client` authenticates.
     pub fn start_as(client: Client, config: OperatorConfig) -> Operator {
-        let ctx = Context::new(client, config, Metrics::new());
+        let ctx = Context::new(client, config, Metrics::new()).expect("context");
         let (tx, rx) = oneshot::channel();
         let c = ctx.clone();
         let task = tokio::spawn(async move {
