@@ -29,8 +29,20 @@ pub const MANAGER: &str = "heterotrain-operator";
 /// `app.kubernetes.io/part-of`.
 pub const PART_OF: &str = "app.kubernetes.io/part-of";
 
-/// Node label naming the accelerator model (profile-cache key).
+/// Node label naming the accelerator model (a profile-cache key unless it
+/// is the generic `cpu` or `gpu`).
 pub const ACCELERATOR: &str = "heterotrain.dev/accelerator";
+/// Node label an administrator sets to name a node's hardware type (the
+/// first choice of the profile-cache key).
+pub const NODE_TYPE: &str = "heterotrain.dev/node-type";
+/// Well-known node label: the cloud provider's instance type.
+pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// Node labels of Node Feature Discovery: the CPU's vendor, family and model id.
+pub const NFD_CPU_MODEL: [&str; 3] = [
+    "feature.node.kubernetes.io/cpu-model.vendor_id",
+    "feature.node.kubernetes.io/cpu-model.family",
+    "feature.node.kubernetes.io/cpu-model.id",
+];
 /// Node label the node simulator puts on the nodes it registers (`"true"`).
 pub const SIMULATED: &str = "heterotrain.dev/simulated";
 /// Node label: a simulated node's speed factor.

@@ -71,6 +71,23 @@ async fn runs_pods_like_a_kubelet() {
         labels.get("nvidia.com/gpu.product").map(String::as_str),
         Some("NVIDIA-T4")
     );
+    // Nodes of different simulated speed have different instance types
+    // (the profile cache's hardware class).
+    assert_eq!(
+        labels
+            .get("node.kubernetes.io/instance-type")
+            .map(String::as_str),
+        Some("sim-2cpu-x0.25")
+    );
+    let fast = node_api.get("fast").await.unwrap();
+    assert_eq!(
+        fast.metadata
+            .labels
+            .unwrap_or_default()
+            .get("node.kubernetes.io/instance-type")
+            .map(String::as_str),
+        Some("sim-2cpu-x1")
+    );
     let status = slow.status.clone().unwrap();
     assert_eq!(
         status.capacity.unwrap().get("nvidia.com/gpu").unwrap().0,

@@ -1,15 +1,21 @@
 //! Profile cache: each rank's hardware profile, keyed by (the job's
-//! namespace, accelerator model, device, threads per rank, model config),
+//! namespace, hardware class, device, threads per rank, model config),
 //! kept in the ConfigMap `heterotrain-profile-cache` in the operator's
 //! namespace, so the next job on the same hardware starts from a balanced
 //! plan at generation 0. A namespace's jobs read only profiles its own jobs
 //! measured: one tenant's figures never shape another's plans. The cache
 //! keeps the [`MAX_ENTRIES`] most recently stored profiles.
 //!
-//! The accelerator is the node label `heterotrain.dev/accelerator` of the
-//! node a rank ran on (or, when the node has none, the group's nodeSelector
-//! for that label); a new job's ranks are looked up by their group's
-//! nodeSelector, so jobs that pin groups to accelerators benefit.
+//! The hardware is told apart by node labels, the first present of
+//! [`hardware_class`]'s list: an administrator's `heterotrain.dev/node-type`,
+//! the cloud's `node.kubernetes.io/instance-type`, the GPU product (NVIDIA
+//! GPU feature discovery) for CUDA ranks, the CPU vendor/family/model of
+//! Node Feature Discovery for CPU ranks, or a `heterotrain.dev/accelerator`
+//! other than the generic `cpu`/`gpu`. A node with none of them is not
+//! cached: two CPU nodes of different speed must not share a profile. A
+//! rank's class comes from the node it ran on (else its group's
+//! nodeSelector); a new job's ranks are looked up by their group's
+//! nodeSelector, so jobs that pin groups to a hardware type benefit.
 
 use std::collections::BTreeMap;
 
@@ -98,9 +104,9 @@ pub fn model_key(m: &ModelSpec) -> String {
 }
 
 /// ConfigMap key of a profile (a valid data key: `[-._a-zA-Z0-9]+`): the
-/// job's namespace, the accelerator, the group's device and threads per
-/// rank, and the model.
-pub fn key(namespace: &str, accelerator: &str, g: &WorkerGroup, model: &ModelSpec) -> String {
+/// job's namespace, the hardware class ([`hardware_class`]), the group's
+/// device and threads per rank, and the model.
+pub fn key(namespace: &str, hardware: &str, g: &WorkerGroup, model: &ModelSpec) -> String {
     let dev = match g.device {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
@@ -108,7 +114,7 @@ pub fn key(namespace: &str, accelerator: &str, g: &WorkerGroup, model: &ModelSpe
     let k = format!(
         "{}.{}_{dev}_t{}_{}",
         sanitize(namespace),
-        sanitize(accelerator),
+        sanitize(hardware),
         group_threads(g),
         sanitize(&model_key(model))
     );
@@ -128,9 +134,40 @@ fn evictions(merged: &BTreeMap<String, u64>) -> Vec<String> {
         .collect()
 }
 
-/// The accelerator a group is pinned to by its nodeSelector, if any.
-pub fn group_accelerator(g: &WorkerGroup) -> Option<&str> {
-    g.node_selector.get(labels::ACCELERATOR).map(String::as_str)
+/// The hardware class that node `labels` name for a rank on `device`
+/// (see the module docs), e.g. `type-a100-80g`, `gpu-NVIDIA-H100`,
+/// `cpu-GenuineIntel-6-143`; `None` when the labels do not tell the
+/// hardware apart.
+pub fn hardware_class(labels: &BTreeMap<String, String>, device: Device) -> Option<String> {
+    let get = |k: &str| labels.get(k).filter(|v| !v.is_empty());
+    if let Some(t) = get(labels::NODE_TYPE) {
+        return Some(format!("type-{t}"));
+    }
+    if let Some(t) = get(labels::INSTANCE_TYPE) {
+        return Some(format!("inst-{t}"));
+    }
+    match device {
+        Device::Cuda => {
+            if let Some(p) = get(labels::GPU_PRODUCT) {
+                return Some(format!("gpu-{p}"));
+            }
+        }
+        Device::Cpu => {
+            let cpu: Option<Vec<&String>> = labels::NFD_CPU_MODEL.iter().map(|k| get(k)).collect();
+            if let Some(parts) = cpu {
+                let parts: Vec<&str> = parts.into_iter().map(String::as_str).collect();
+                return Some(format!("cpu-{}", parts.join("-")));
+            }
+        }
+    }
+    get(labels::ACCELERATOR)
+        .filter(|a| *a != "cpu" && *a != "gpu")
+        .map(|a| format!("acc-{a}"))
+}
+
+/// The hardware class a group is pinned to by its nodeSelector, if any.
+pub fn group_hardware(g: &WorkerGroup) -> Option<String> {
+    hardware_class(&g.node_selector, g.device)
 }
 
 /// Read every cached profile.
@@ -156,32 +193,28 @@ pub fn lookup(
         .into_iter()
         .map(|(gi, _)| {
             let g = spec.workers.get(gi)?;
-            let k = key(namespace, group_accelerator(g)?, g, &spec.model);
+            let k = key(namespace, &group_hardware(g)?, g, &spec.model);
             cache.get(&k).cloned().map(|c| Some(c.into()))
         })
         .collect()
 }
 
-/// The accelerator of the node a rank ran on, else its group's pin.
-pub async fn accelerator_of(
-    client: &Client,
-    node: Option<&str>,
-    g: &WorkerGroup,
-) -> Option<String> {
+/// The hardware class of the node a rank ran on, else its group's pin.
+pub async fn hardware_of(client: &Client, node: Option<&str>, g: &WorkerGroup) -> Option<String> {
     if let Some(n) = node {
         let nodes: Api<Node> = Api::all(client.clone());
         if let Ok(Some(node)) = nodes.get_opt(n).await {
-            if let Some(a) = node
+            if let Some(class) = node
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(labels::ACCELERATOR))
+                .and_then(|l| hardware_class(l, g.device))
             {
-                return Some(a.clone());
+                return Some(class);
             }
         }
     }
-    group_accelerator(g).map(str::to_string)
+    group_hardware(g)
 }
 
 /// Store `entries` (key → profile) in the cache, stamped now, creating it
@@ -289,10 +322,10 @@ mod tests {
             )
             .expect("group")
         };
-        let a = key("team-a", "xeon", &group(2), &m);
-        assert_ne!(a, key("team-b", "xeon", &group(2), &m));
-        assert_ne!(a, key("team-a", "xeon", &group(4), &m));
-        assert_eq!(a, key("team-a", "xeon", &group(2), &m));
+        let a = key("team-a", "acc-xeon", &group(2), &m);
+        assert_ne!(a, key("team-b", "acc-xeon", &group(2), &m));
+        assert_ne!(a, key("team-a", "acc-xeon", &group(4), &m));
+        assert_eq!(a, key("team-a", "acc-xeon", &group(2), &m));
         // A job in team-b finds none of team-a's profiles.
         let spec: HeteroTrainingJobSpec = serde_json::from_value(serde_json::json!({
             "workers": [{"name": "cpu", "replicas": 2, "threads": 2,
@@ -312,6 +345,60 @@ mod tests {
         )]);
         assert_eq!(lookup("team-a", &spec, &cache).map(|p| p.len()), Some(2));
         assert_eq!(lookup("team-b", &spec, &cache), None);
+    }
+
+    #[test]
+    fn hardware_is_told_apart_by_the_most_specific_label() {
+        let l = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let nfd = [
+            (labels::NFD_CPU_MODEL[0], "GenuineIntel"),
+            (labels::NFD_CPU_MODEL[1], "6"),
+            (labels::NFD_CPU_MODEL[2], "143"),
+        ];
+        let gpu = (labels::GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3");
+        let generic = (labels::ACCELERATOR, "cpu");
+        // Two CPU nodes labelled only `accelerator: cpu` are not told
+        // apart, so nothing is cached for them (the old false sharing).
+        assert_eq!(hardware_class(&l(&[generic]), Device::Cpu), None);
+        assert_eq!(
+            hardware_class(&l(&[(labels::ACCELERATOR, "gpu")]), Device::Cuda),
+            None
+        );
+        assert_eq!(
+            hardware_class(&l(&[generic, nfd[0], nfd[1], nfd[2]]), Device::Cpu).as_deref(),
+            Some("cpu-GenuineIntel-6-143")
+        );
+        // An incomplete NFD model is no model.
+        assert_eq!(hardware_class(&l(&[nfd[0], nfd[1]]), Device::Cpu), None);
+        // The GPU names a CUDA rank's hardware, not a CPU rank's on the same node.
+        assert_eq!(
+            hardware_class(&l(&[gpu, nfd[0], nfd[1], nfd[2]]), Device::Cuda).as_deref(),
+            Some("gpu-NVIDIA-H100-80GB-HBM3")
+        );
+        assert_eq!(
+            hardware_class(&l(&[gpu, nfd[0], nfd[1], nfd[2]]), Device::Cpu).as_deref(),
+            Some("cpu-GenuineIntel-6-143")
+        );
+        assert_eq!(hardware_class(&l(&[gpu]), Device::Cpu), None);
+        // The cloud's instance type, then the administrator's node type, win.
+        let inst = (labels::INSTANCE_TYPE, "m7i.4xlarge");
+        assert_eq!(
+            hardware_class(&l(&[gpu, inst]), Device::Cuda).as_deref(),
+            Some("inst-m7i.4xlarge")
+        );
+        assert_eq!(
+            hardware_class(&l(&[gpu, inst, (labels::NODE_TYPE, "dgx-a")]), Device::Cuda).as_deref(),
+            Some("type-dgx-a")
+        );
+        assert_eq!(
+            hardware_class(&l(&[(labels::ACCELERATOR, "xeon")]), Device::Cpu).as_deref(),
+            Some("acc-xeon")
+        );
     }
 
     #[test]

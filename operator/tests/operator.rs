@@ -665,8 +665,8 @@ async fn operator_serves_its_metrics() {
 
 const PROFILED_JOB: &str = r#"
   workers:
-    - {name: fast, replicas: 1, nodeSelector: {heterotrain.dev/accelerator: fast-cpu}}
-    - {name: slow, replicas: 1, nodeSelector: {heterotrain.dev/accelerator: slow-cpu}}
+    - {name: fast, replicas: 1, nodeSelector: {heterotrain.dev/node-type: fast-cpu}}
+    - {name: slow, replicas: 1, nodeSelector: {heterotrain.dev/node-type: slow-cpu}}
   model: {name: mlp, hidden: 32}
   dataset: {name: synthetic_image}
   training: {globalBatchSize: 32, maxSteps: 1000}
@@ -717,7 +717,8 @@ async fn profiles_give_the_first_plan_and_seed_the_next_job() {
     .await;
     assert!(
         cache.keys().any(
-            |k| k.starts_with(&format!("{}.fast-cpu_cpu_t", env.ns)) && k.ends_with("_mlp.h32")
+            |k| k.starts_with(&format!("{}.type-fast-cpu_cpu_t", env.ns))
+                && k.ends_with("_mlp.h32")
         ),
         "{cache:?}"
     );

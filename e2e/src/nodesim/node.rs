@@ -31,8 +31,26 @@ fn node_labels(cfg: &NodeConfig) -> BTreeMap<String, String> {
     if let Some(p) = &cfg.gpu_product {
         l.insert(labels::GPU_PRODUCT.into(), p.clone());
     }
+    // An instance type, as a cloud sets it: simulated hardware differs by
+    // CPUs and speed, so the profile cache tells such nodes apart.
+    l.insert(labels::INSTANCE_TYPE.into(), instance_type(cfg));
     l.extend(cfg.labels.clone());
     l
+}
+
+/// `sim-<cpu>cpu-x<speed>` (a valid label value), e.g. `sim-4cpu-x0.33`.
+pub fn instance_type(cfg: &NodeConfig) -> String {
+    let v = format!("sim-{}cpu-x{}", cfg.cpu, cfg.speed);
+    v.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(63)
+        .collect()
 }
 
 fn status(cfg: &NodeConfig) -> serde_json::Value {

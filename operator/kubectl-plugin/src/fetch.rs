@@ -78,8 +78,8 @@ pub struct JobView {
     pub plan_error: Option<String>,
     /// Plan decisions, oldest first.
     pub rebalances: Vec<RebalanceEvent>,
-    /// Node name → accelerator label (when nodes are readable).
-    pub accelerators: BTreeMap<String, String>,
+    /// Node name → the node's labels (when nodes are readable).
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl JobView {
@@ -152,18 +152,17 @@ pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> 
         .map(|e| RebalanceEvent::parse(e.note.as_deref().unwrap_or(""), event_time(&e)))
         .collect();
     rebalances.sort_by_key(|e| (e.generation, e.time));
-    let mut accelerators = BTreeMap::new();
+    let mut node_labels = BTreeMap::new();
     let nodes: Api<Node> = Api::all(client.clone());
     for node in pods
         .iter()
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect::<std::collections::BTreeSet<_>>()
     {
-        // Reading nodes may be forbidden to the user: then just no accelerator column.
+        // Reading nodes may be forbidden to the user: then the hardware
+        // column falls back to the groups' nodeSelectors.
         if let Ok(Some(n)) = nodes.get_opt(&node).await {
-            if let Some(a) = n.labels().get(labels::ACCELERATOR) {
-                accelerators.insert(node, a.clone());
-            }
+            node_labels.insert(node, n.labels().clone());
         }
     }
     Ok(JobView {
@@ -172,7 +171,7 @@ pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> 
         plan,
         plan_error,
         rebalances,
-        accelerators,
+        node_labels,
     })
 }
 

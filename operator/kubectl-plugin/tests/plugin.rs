@@ -57,7 +57,7 @@ async fn setup(client: &Client) {
             "spec": {
                 "workers": [
                     {"name": "t4", "replicas": 1, "device": "cuda",
-                     "nodeSelector": {"heterotrain.dev/accelerator": "NVIDIA-T4"},
+                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-T4"},
                      "resources": {"limits": {"nvidia.com/gpu": "1"}}},
                     {"name": "cpu", "replicas": 2}
                 ],
@@ -134,10 +134,10 @@ async fn setup(client: &Client) {
         &ops,
         json!({"metadata": {"name": "heterotrain-profile-cache"}, "data": {
             // t(b) = 0.02 + 0.001 b on the T4.
-            "plugin.NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.028], [32, 0.052]], "maxBatch": 4096}"#,
+            "plugin.gpu-NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.028], [32, 0.052]], "maxBatch": 4096}"#,
             // Another namespace's profile of the same hardware and model:
             // neither used nor listed.
-            "team-b.NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.5], [32, 0.9]], "maxBatch": 16}"#,
+            "team-b.gpu-NVIDIA-T4_cuda_t1_mlp.h128": r#"{"points": [[8, 0.5], [32, 0.9]], "maxBatch": 16}"#,
             "plugin.other_cpu_t1_resnet18": r#"{"points": [[8, 1.0]], "maxBatch": 64}"#
         }}),
     )
@@ -309,22 +309,28 @@ async fn status_top_plan_and_profile_show_the_job() {
         ],
     );
     // Rank 0 from the cache: t(b) = 0.02 + 0.001 b; equal share 32 → 32 / 0.052 s.
+    // The hardware class comes from the group's GPU-product pin (the nodes
+    // are not readable here); the figures are marked as cached.
     let r0 = row(&profile, "RANK", "0");
-    assert_eq!(r0[..4], ["0", "t4", "gpu-node", "NVIDIA-T4"], "{profile}");
     assert_eq!(
-        r0[6..],
+        r0[..5],
+        ["0", "t4", "gpu-node", "gpu-NVIDIA-T4", "cached"],
+        "{profile}"
+    );
+    assert_eq!(
+        r0[7..],
         ["0.0200", "0.001000", "4096", "615.4", "1.00x"],
         "{profile}"
     );
-    // CPU ranks: no accelerator pin, no cache entry.
+    // CPU ranks: no hardware pin, no cache entry.
     assert_eq!(
         row(&profile, "RANK", "1")[3..],
-        ["-", "-", "-", "-", "-", "-", "-", "-"]
+        ["-", "-", "-", "-", "-", "-", "-", "-", "-"]
     );
     let cached = row(
         &profile,
         "CACHED PROFILE",
-        "plugin.NVIDIA-T4_cuda_t1_mlp.h128",
+        "plugin.gpu-NVIDIA-T4_cuda_t1_mlp.h128",
     );
     assert_eq!(cached[1..], ["0.0200", "0.001000", "4096", "2"]);
     assert!(

@@ -1,5 +1,5 @@
 //! Newly reported rank profiles go to the profile cache, keyed by the
-//! accelerator of the node each rank ran on, so the next job on the same
+//! hardware class of the node each rank ran on, so the next job on the same
 //! hardware starts from a balanced plan.
 
 use std::collections::BTreeMap;
@@ -36,9 +36,9 @@ pub async fn store(
             .iter()
             .find(|x| x.rank == Some(*r as u32))
             .and_then(|x| x.node_name.as_deref());
-        if let Some(acc) = profile_cache::accelerator_of(deps.client, node, g).await {
+        if let Some(hw) = profile_cache::hardware_of(deps.client, node, g).await {
             entries.insert(
-                profile_cache::key(&v.namespace, &acc, g, &spec.model),
+                profile_cache::key(&v.namespace, &hw, g, &spec.model),
                 p.into(),
             );
         }

@@ -67,20 +67,21 @@ pub fn profile(
         let g = &spec.workers[gi];
         let pod = v.pod_of(rank as u32);
         let node = pod.and_then(|p| p.spec.as_ref()?.node_name.clone());
-        let accel = node
+        let hardware = node
             .as_ref()
-            .and_then(|n| v.accelerators.get(n).cloned())
-            .or_else(|| profile_cache::group_accelerator(g).map(str::to_string));
-        let cached = accel
+            .and_then(|n| v.node_labels.get(n))
+            .and_then(|l| profile_cache::hardware_class(l, g.device))
+            .or_else(|| profile_cache::group_hardware(g));
+        let cached = hardware
             .as_ref()
-            .and_then(|a| cache.get(&profile_cache::key(&namespace, a, g, &spec.model)));
+            .and_then(|h| cache.get(&profile_cache::key(&namespace, h, g, &spec.model)));
         let lp = live.get(&(rank as u32));
         let (a, c, max_batch, source) = match (lp, cached) {
             (Some(lp), _) if lp.per_sample_seconds.is_some() => (
                 lp.fixed_seconds,
                 lp.per_sample_seconds,
                 lp.max_batch.map(|m| m as u64),
-                "live",
+                "measured",
             ),
             (_, Some(cp)) => {
                 let f = fit(&cp.points);
@@ -88,7 +89,7 @@ pub fn profile(
                     f.map(|f| f.0),
                     f.map(|f| f.1),
                     Some(u64::from(cp.max_batch)),
-                    "cache",
+                    "cached",
                 )
             }
             _ => (None, None, None, "-"),
@@ -99,9 +100,10 @@ pub fn profile(
                 rank.to_string(),
                 g.name.clone(),
                 opt(node),
-                accel
+                hardware
                     .or_else(|| lp.and_then(|l| l.device.clone()))
                     .unwrap_or_else(|| "-".into()),
+                source.to_string(),
                 sci(lp.and_then(|l| l.matmul_flops), "FLOP/s"),
                 sci(lp.and_then(|l| l.memory_bandwidth), "B/s"),
                 a.map_or_else(|| "-".into(), |a| format!("{a:.4}")),
@@ -111,7 +113,6 @@ pub fn profile(
             ],
             samples_per_s,
         });
-        let _ = source;
     }
     let slowest = rows
         .iter()
@@ -121,7 +122,8 @@ pub fn profile(
         "RANK",
         "GROUP",
         "NODE",
-        "ACCELERATOR",
+        "HARDWARE",
+        "SOURCE",
         "MATMUL",
         "MEMORY BW",
         "FIXED S/STEP",
@@ -139,7 +141,7 @@ pub fn profile(
         t.row(cells);
     }
     let mut out = format!(
-        "Hardware of {} (model {}; samples/s at an equal share of {:.0} per rank; SPEED relative to the slowest)\n",
+        "Hardware of {} (model {}; samples/s at an equal share of {:.0} per rank; SPEED relative to the slowest; SOURCE: measured by the running rank, or cached from an earlier job on the same hardware)\n",
         v.name(),
         profile_cache::model_key(&spec.model),
         share
