@@ -12,6 +12,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +39,35 @@ std::shared_ptr<::gloo::transport::Device> make_device(const char* bind_host,
     return c10d::ProcessGroupGloo::createDeviceForHostname(bind_host);
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// A listening socket bound to bind_host:port for rank 0's TCPStore, which
+// otherwise listens on every address of the host; -1 when bind_host is
+// empty. Throws naming the address when it cannot be bound.
+int listen_on(const char* bind_host, int port) {
+  if (bind_host == nullptr || bind_host[0] == '\0') return -1;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  std::string port_s = std::to_string(port);
+  if (getaddrinfo(bind_host, port_s.c_str(), &hints, &res) != 0 || res == nullptr) {
+    throw std::runtime_error(std::string("HT_BIND_ADDR ") + bind_host +
+                             " does not resolve to an address");
+  }
+  int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  int one = 1;
+  bool ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+            bind(fd, res->ai_addr, res->ai_addrlen) == 0 && listen(fd, 2048) == 0;
+  int err = errno;
+  freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error(std::string("rank 0 cannot listen on ") + bind_host + ":" +
+                             port_s + ": " + std::strerror(err));
+  }
+  return fd;
 }
 
 }  // namespace
@@ -61,6 +95,11 @@ int ht_pg_create(const char* master_addr, int master_port, int rank, int world,
     // rendezvous within rdv, then restore the full timeout for store waits.
     opts.timeout = rank == 0 ? rdv : std::max(std::chrono::milliseconds(500), rdv / 3);
     opts.useLibUV = true;
+    // Rank 0's store listens on the pod IP only (HT_BIND_ADDR), like Gloo.
+    if (rank == 0) {
+      int fd = listen_on(bind_host, master_port);
+      if (fd >= 0) opts.masterListenFd = fd;
+    }
     c10::intrusive_ptr<c10d::Store> store;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(std::string(master_addr), opts);

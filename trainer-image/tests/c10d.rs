@@ -160,3 +160,67 @@ fn sharded_buckets_are_summed_for_their_owners_only() {
         }
     }
 }
+
+/// Addresses of the IPv4 sockets listening on `port` (/proc/net/tcp), and
+/// how many IPv6 ones (/proc/net/tcp6: a store on every address is `::`).
+fn listeners(port: u16) -> (Vec<String>, usize) {
+    let v6 = std::fs::read_to_string("/proc/net/tcp6")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(3) == Some(&"0A")
+                && f.get(1)
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                    == Some(port)
+        })
+        .count();
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let v4 = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local_address is hex "AABBCCDD:PPPP" (address little-endian); state 0A = LISTEN.
+            let (addr, p) = f.get(1)?.split_once(':')?;
+            (f.get(3) == Some(&"0A") && u16::from_str_radix(p, 16).ok()? == port).then(|| {
+                let a = u32::from_str_radix(addr, 16).unwrap_or(0).to_le_bytes();
+                format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+            })
+        })
+        .collect::<Vec<_>>();
+    (v4, v6)
+}
+
+#[test]
+fn the_store_listens_on_the_bind_address_only() {
+    // Rank 0 binds 127.4.0.2 (a pod IP): its TCPStore listens there and on
+    // no other address, and rank 1 joins through it.
+    let port = common::free_port();
+    let ip = "127.4.0.2";
+    let seen: Vec<(Vec<String>, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let c = RendezvousConfig {
+                        master_addr: ip.into(),
+                        bind_host: Some(if rank == 0 { ip } else { "127.4.0.3" }.into()),
+                        ..cfg(rank, port, 20)
+                    };
+                    let pg = ProcessGroup::join(&c).expect("join");
+                    let l = listeners(port);
+                    pg.barrier().unwrap();
+                    l
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        seen[0],
+        (vec![ip.to_string()], 0),
+        "listeners on port {port}"
+    );
+}

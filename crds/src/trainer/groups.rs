@@ -182,8 +182,9 @@ pub struct DistArgs {
     #[arg(long, env = env::MASTER_PORT, default_value_t = 29500)]
     #[serde(skip)]
     pub master_port: u16,
-    /// Address the Gloo transport binds (default: 127.0.0.1 when MASTER_ADDR
-    /// is loopback, else the host's resolved address).
+    /// Address the Gloo transport and rank 0's TCPStore bind (default:
+    /// 127.0.0.1 when MASTER_ADDR is loopback; else Gloo takes the host's
+    /// resolved address and the store listens on every address).
     #[arg(long, env = env::BIND_ADDR)]
     #[serde(skip)]
     pub bind_addr: Option<String>,

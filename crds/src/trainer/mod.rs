@@ -42,7 +42,7 @@ pub mod env {
     pub const JOB_UID: &str = "HT_JOB_UID";
     /// Gloo's network interface.
     pub const GLOO_SOCKET_IFNAME: &str = "GLOO_SOCKET_IFNAME";
-    /// Address the Gloo transport binds.
+    /// Address the Gloo transport and rank 0's TCPStore bind.
     pub const BIND_ADDR: &str = "HT_BIND_ADDR";
 
     /// Variables a user may set in place of a flag.
