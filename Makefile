@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
+.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -34,6 +34,13 @@ test: lint ## formatting, lints and every test (unit, real API server, real c10d
 	@echo "==> python: heterotrain library (real Gloo ranks)"
 	@$(ENV) "$$HETEROTRAIN_PYTHON" -m unittest discover -s trainer-image/python/tests -v
 	@echo "==> all tests passed"
+
+CHAOS_KILLS ?= 20
+
+chaos: setup ## the chaos suite on the local control plane: $(CHAOS_KILLS) rank kills, a hung rank, a lost node, … (table in $(HETEROTRAIN_CACHE)/results/chaos.md)
+	@echo "==> chaos: $(CHAOS_KILLS) kills (cargo test -p heterotrain-e2e --test chaos)"
+	@$(ENV) HETEROTRAIN_CHAOS_KILLS=$(CHAOS_KILLS) cargo test -p heterotrain-e2e --test chaos -- --nocapture
+	@echo "==> chaos: every case passed; table: $(HETEROTRAIN_CACHE)/results/chaos.md"
 
 FUZZ_CASES ?= 1000000
 

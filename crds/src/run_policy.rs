@@ -51,6 +51,22 @@ pub struct RunPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10, max = 86400))]
     pub rendezvous_timeout_seconds: Option<u32>,
+    /// Fail the job (reason `PodsNotReady`) when a gang's ranks are not all
+    /// running this long after its pods were created: an image that cannot
+    /// be pulled, a nodeSelector no node matches, a missing claim. Unset:
+    /// wait; either way the `Running` condition names what each waiting
+    /// rank waits for (`ImagePullBackOff`, `Unschedulable`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub pods_ready_timeout_seconds: Option<u32>,
+    /// Restart the gang (counted toward `backoffLimit`) when every rank runs
+    /// but the training step has not advanced for this long: a hung or
+    /// stopped rank. Measured from the step the operator reads from the
+    /// ranks' metrics, and from the gang's start. Unset: only the ranks'
+    /// own `collectiveTimeoutSeconds` ends such a stall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 86400))]
+    pub progress_deadline_seconds: Option<u32>,
 }
 
 /// The trainer's collective timeout when `collectiveTimeoutSeconds` is unset.
@@ -79,6 +95,8 @@ impl Default for RunPolicy {
             suspend: false,
             collective_timeout_seconds: None,
             rendezvous_timeout_seconds: None,
+            pods_ready_timeout_seconds: None,
+            progress_deadline_seconds: None,
         }
     }
 }

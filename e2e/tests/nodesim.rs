@@ -135,6 +135,7 @@ cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
 echo "quota=$(cat /sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup$(awk -F: '$1==0 {print $3}' /proc/self/cgroup)/cpu.max)"
 test -s "$KUBECONFIG" && echo kubeconfig=yes
 echo persisted > /ht-ckpt/marker && echo scratch > /ht-scratch/s && echo mounts=ok
+echo "bye from probe" > /dev/termination-log
 exit 3"#;
     let pod = json!({
         "metadata": {"name": "probe-0"},
@@ -181,6 +182,8 @@ exit 3"#;
         .terminated
         .expect("terminated");
     assert_eq!(term.exit_code, 3);
+    // The termination message file, reported as a kubelet does.
+    assert_eq!(term.message.as_deref(), Some("bye from probe"));
     let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
         sim.state_dir(),
         ns,

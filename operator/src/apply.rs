@@ -98,6 +98,19 @@ pub async fn delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<
     Ok(())
 }
 
+/// Delete pods `names` now (grace period 0): the API object goes at once,
+/// without waiting for a kubelet.
+pub async fn force_delete_pods(client: &Client, ns: &str, names: &[String]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dp = DeleteParams::default().grace_period(0);
+    let deletes = names.iter().map(|name| {
+        let (api, dp) = (api.clone(), dp.clone());
+        async move { deleted(api.delete(name, &dp).await) }
+    });
+    futures::future::try_join_all(deletes).await?;
+    Ok(())
+}
+
 /// Delete the job `name` (its children follow by garbage collection).
 pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<()> {
     let api: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);

@@ -57,6 +57,15 @@ pub mod reasons {
     pub const NOT_STARTED: &str = "NotStarted";
     pub const PLAN_RESTORED: &str = "PlanRestored";
     pub const FOREIGN_PODS: &str = "ForeignPods";
+    /// Pods stuck Terminating past their grace period were force-deleted.
+    pub const FORCE_DELETED: &str = "ForceDeleted";
+    /// A gang's ranks were not all running `podsReadyTimeoutSeconds` after
+    /// its pods were created.
+    pub const PODS_NOT_READY: &str = "PodsNotReady";
+    /// Every rank ran but the step stood still `progressDeadlineSeconds`.
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    /// The API server refused to create the job's objects (403/422/400).
+    pub const CREATE_REFUSED: &str = "CreateRefused";
     pub const STEP_ADVANCING: &str = "StepAdvancing";
     pub const STALLED: &str = "Stalled";
     pub const NETWORK_POLICIES: &str = "NetworkPolicies";

@@ -34,6 +34,9 @@ pub struct RankPod {
     pub phase: Phase,
     /// Being deleted.
     pub deleting: bool,
+    /// When a delete's grace period ends (`metadata.deletionTimestamp`):
+    /// a pod still there long after it sits on a node that is gone.
+    pub deletion_deadline: Option<Time>,
     pub pod_ip: Option<String>,
     pub node_name: Option<String>,
     /// Exit code, reason and message of the trainer container, once terminated.
@@ -52,6 +55,51 @@ pub struct RankPod {
     pub spec_hash: Option<String>,
     /// UID of the pod's controller (the job that created it).
     pub controller_uid: Option<String>,
+    /// When the pod was created.
+    pub created: Option<Time>,
+    /// Why it is not running yet, as `Reason: message`: the scheduler's
+    /// `Unschedulable`, or a container waiting on something other than its
+    /// normal start (`ImagePullBackOff`, `CreateContainerConfigError`, …).
+    pub waiting: Option<String>,
+}
+
+/// Container waiting reasons that are part of a normal start.
+const NORMAL_WAITING: [&str; 2] = ["ContainerCreating", "PodInitializing"];
+
+/// `Reason: message` of what keeps `pod` from running, if anything is wrong.
+fn waiting_on(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let text = |reason: &str, msg: Option<&String>| {
+        let m: String = msg
+            .map(|m| m.trim())
+            .unwrap_or("")
+            .chars()
+            .take(200)
+            .collect();
+        if m.is_empty() {
+            reason.to_string()
+        } else {
+            format!("{reason}: {m}")
+        }
+    };
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Some(text("Unschedulable", c.message.as_ref()));
+    }
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find_map(|w| {
+            let r = w.reason.as_deref()?;
+            (!NORMAL_WAITING.contains(&r)).then(|| text(r, w.message.as_ref()))
+        })
 }
 
 impl RankPod {
@@ -81,6 +129,7 @@ impl RankPod {
             restart: labels.get(labels::RESTART).and_then(|r| r.parse().ok()),
             phase,
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            deletion_deadline: pod.metadata.deletion_timestamp.clone(),
             pod_ip: status
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
@@ -107,6 +156,8 @@ impl RankPod {
                 .iter()
                 .find(|o| o.controller == Some(true))
                 .map(|o| o.uid.clone()),
+            created: pod.metadata.creation_timestamp.clone(),
+            waiting: waiting_on(pod),
         }
     }
 }

@@ -14,9 +14,9 @@ use kube::{Resource, ResourceExt};
 use tracing::{instrument, warn};
 
 use crate::build::{self, BuildInputs};
-use crate::conditions::reasons;
+use crate::conditions::{reasons, types, Desired};
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::events::{self, EventSpec};
 use crate::fetch::{self, Observed};
 use crate::lifecycle::{self, Decision};
@@ -98,7 +98,19 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
             .write(status::next(&v, &d, &obs, &extras, &Time(now)))
             .await?;
     }
-    let written = apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await?;
+    let written = match apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await {
+        Ok(w) => w,
+        Err(e) => match refused(&e) {
+            // The API server refuses the job's objects (a ResourceQuota, a
+            // LimitRange, an admission policy): retrying at once cannot
+            // help; say why in the status and try again in a minute.
+            Some(why) => {
+                report_refusal(ctx, &v, &mut d, why).await;
+                None
+            }
+            None => return Err(e),
+        },
+    };
     if d.delete_job {
         ctx.rebalancer.forget(&key);
         return Ok(Action::await_change());
@@ -128,6 +140,49 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         "reconcile timing"
     );
     Ok(requeue(ctx, &d))
+}
+
+/// `HTTP <code>: <message>` when `e` is the API server refusing a write
+/// for a reason a retry cannot fix (400, 403, 422).
+fn refused(e: &Error) -> Option<String> {
+    match e {
+        Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
+            Some(format!("HTTP {} {}: {}", s.code, s.reason, s.message))
+        }
+        _ => None,
+    }
+}
+
+/// Record a refused create: `Created=False` (`CreateRefused`) with the API
+/// server's words and what to check, a warning Event when that is new, and
+/// a retry in 60 s.
+async fn report_refusal(ctx: &Context, v: &ValidatedJob<'_>, d: &mut Decision, why: String) {
+    let msg = format!(
+        "the API server refused the job's pods or objects ({why}); check the namespace's ResourceQuota, LimitRange and admission policies and the operator's RBAC; retrying every 60s"
+    );
+    let was = v
+        .status()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::CREATED)
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    d.conditions.retain(|c| c.type_ != types::CREATED);
+    d.conditions.push(Desired::no(
+        types::CREATED,
+        reasons::CREATE_REFUSED,
+        msg.clone(),
+    ));
+    d.events.retain(|e| e.reason != reasons::GANG_CREATED);
+    if was != Some((reasons::CREATE_REFUSED.to_string(), msg.clone())) {
+        let e = EventSpec {
+            warning: true,
+            reason: reasons::CREATE_REFUSED.into(),
+            note: msg,
+        };
+        ctx.event(v.job, &e).await;
+    }
+    ctx.metrics.error("create_refused");
+    d.requeue_after = Some(Duration::from_secs(60));
 }
 
 /// An invalid spec: `Failed` with reason `Invalid`, an Event when that is
@@ -168,6 +223,7 @@ async fn apply_decision(
 ) -> Result<Option<BatchPlan>> {
     let client = &ctx.client;
     apply::delete_pods(client, &v.namespace, &d.delete_pods).await?;
+    apply::force_delete_pods(client, &v.namespace, &d.force_delete_pods).await?;
     let mut written = None;
     if !d.create_ranks.is_empty() {
         let inputs = BuildInputs {

@@ -893,3 +893,64 @@ async fn watches_exactly_its_namespaces_with_roles_only_there() {
     assert!(job.status.is_none(), "{:?}", job.status);
     op.stop().await;
 }
+
+#[tokio::test]
+async fn a_refused_pod_create_is_a_condition_not_a_hot_retry() {
+    let env = env("quota").await;
+    // A quota of no pods: the API server refuses every pod create (403).
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(env.admin.clone(), &env.ns);
+    let quota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}
+    }))
+    .expect("quota");
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create quota");
+    // The quota controller fills in the status before admission enforces it.
+    eventually(Duration::from_secs(30), "the quota's status", || async {
+        quotas
+            .get("no-pods")
+            .await
+            .ok()
+            .and_then(|q| q.status)
+            .and_then(|s| s.hard)
+    })
+    .await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    create_job(&env, &job_from_yaml(&env.ns, &job_yaml("quota", 2, ""))).await;
+    let (status, _, message) = eventually(Duration::from_secs(30), "Created=False", || async {
+        condition(&env, "quota", "Created")
+            .await
+            .filter(|c| c.1 == "CreateRefused")
+    })
+    .await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("HTTP 403") && message.contains("quota"),
+        "{message}"
+    );
+    assert!(message.contains("ResourceQuota"), "{message}");
+    assert!(pods(&env, "quota").await.is_empty());
+    let warned = events(&env).await.into_iter().any(|e| {
+        e.reason.as_deref() == Some("CreateRefused") && e.type_.as_deref() == Some("Warning")
+    });
+    assert!(warned, "no CreateRefused warning Event");
+    // No hot retry: the job is not Failed, and the refusal is one Event
+    // however many reconciles ran in the meantime.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refusals: Vec<_> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CreateRefused"))
+        .collect();
+    assert_eq!(refusals.len(), 1);
+    // (The recorder folds repeats into a series: there is none.)
+    assert!(refusals[0].series.is_none(), "{:?}", refusals[0].series);
+    assert_ne!(
+        condition(&env, "quota", "Failed").await.map(|c| c.0),
+        Some("True".into())
+    );
+    op.stop().await;
+}

@@ -22,7 +22,7 @@ pub mod status;
 pub mod targets;
 mod watch;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,6 +53,9 @@ pub struct Ctx {
     speeds: Mutex<HashMap<String, f64>>,
     /// NetworkPolicy enforcement between the pods' IPs.
     pub netpol: netpol::Enforcer,
+    /// Nodes lost ([`NodeSimulator::lose_node`]): no heartbeat, their
+    /// pods' processes gone and nothing reported or finished for them.
+    lost: Mutex<HashSet<String>>,
 }
 
 impl Ctx {
@@ -64,6 +67,11 @@ impl Ctx {
             .and_then(|s| s.get(node).copied())
             .or_else(|| self.nodes.get(node).map(|n| n.speed))
             .unwrap_or(1.0)
+    }
+
+    /// Whether `node` was lost.
+    pub fn is_lost(&self, node: &str) -> bool {
+        self.lost.lock().map(|l| l.contains(node)).unwrap_or(false)
     }
 
     /// A fresh loopback IP (never reused within an instance).
@@ -140,6 +148,7 @@ impl NodeSimulator {
             state_dir: state_dir.to_path_buf(),
             hosts: hosts::HostsFile::new(Path::new("/etc/hosts"), &instance),
             netpol: netpol::Enforcer::new(&instance),
+            lost: Mutex::new(HashSet::new()),
             cgroup_version: version,
             instance,
             api,
@@ -157,7 +166,7 @@ impl NodeSimulator {
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                for n in hb.nodes.values() {
+                for n in hb.nodes.values().filter(|n| !hb.is_lost(&n.name)) {
                     if let Err(e) = node::heartbeat(&hb.client, n).await {
                         eprintln!("nodesim: heartbeat: {e:#}");
                     }
@@ -240,6 +249,36 @@ impl NodeSimulator {
             }
         }
         Ok(changed)
+    }
+
+    /// Lose `node` as a cluster loses a machine: its pods' processes die
+    /// (SIGKILL), its heartbeats stop, and nothing more is reported for its
+    /// pods — a deleted pod stays Terminating, as no kubelet finishes the
+    /// delete. The node is marked as the node lifecycle controller would
+    /// (Ready Unknown, the `unreachable` NoSchedule taint). Returns how many
+    /// processes were killed.
+    pub async fn lose_node(&self, node: &str) -> Result<usize> {
+        if !self.ctx.nodes.contains_key(node) {
+            anyhow::bail!("node {node} is not simulated here");
+        }
+        if let Ok(mut l) = self.ctx.lost.lock() {
+            l.insert(node.to_string());
+        }
+        let pods: Vec<_> = self
+            .ctx
+            .running
+            .lock()
+            .map(|m| m.values().filter(|p| p.node == node).cloned().collect())
+            .unwrap_or_default();
+        let mut killed = 0;
+        for p in pods {
+            if let Some(pid) = p.pid.lock().ok().and_then(|g| *g) {
+                crate::keeper::signal_group(pid, libc::SIGKILL);
+                killed += 1;
+            }
+        }
+        node::mark_unreachable(&self.ctx.client, node).await?;
+        Ok(killed)
     }
 
     /// A node's current speed.

@@ -120,6 +120,24 @@ pub async fn plan(
         } else {
             bail!("volume {}: only emptyDir, persistentVolumeClaim, secret, configMap and projected volumes are supported on simulated nodes", v.name);
         };
+        // A subPath: that directory of the volume, created if missing (as
+        // a kubelet does); it may not climb out of the volume.
+        let source = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) => {
+                let p = Path::new(sub);
+                if p.is_absolute()
+                    || p.components()
+                        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+                {
+                    bail!(
+                        "volumeMount {}: subPath {sub:?} must be a relative path inside the volume",
+                        m.name
+                    );
+                }
+                source.join(p)
+            }
+            None => source,
+        };
         std::fs::create_dir_all(&source)?;
         if !Path::new(&m.mount_path).is_absolute() {
             bail!("mountPath {:?} is not absolute", m.mount_path);
@@ -136,6 +154,49 @@ pub async fn plan(
         });
     }
     Ok(out)
+}
+
+/// The container's termination message file, as a kubelet provides it: a
+/// file of the pod (`<pod_dir>/termination-log`) bind-mounted at the
+/// container's `terminationMessagePath` (default `/dev/termination-log`;
+/// an empty file is created at that path on the host if missing, as the
+/// mount point). Returns the mount and the pod's file, read after exit.
+pub fn termination_log(pod_dir: &Path, container: &Container) -> Result<(BindMount, PathBuf)> {
+    let target = container
+        .termination_message_path
+        .clone()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/dev/termination-log".into());
+    if !Path::new(&target).is_absolute() {
+        bail!("terminationMessagePath {target:?} is not absolute");
+    }
+    let source = pod_dir.join("termination-log");
+    std::fs::write(&source, b"")?;
+    if !Path::new(&target).exists() {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&target)
+            .with_context(|| format!("creating the mount point {target}"))?;
+    }
+    Ok((
+        BindMount {
+            source: CString::new(source.as_os_str().as_encoded_bytes())?,
+            target: CString::new(target.as_bytes())?,
+            read_only: false,
+        },
+        source,
+    ))
+}
+
+/// What a container wrote to its termination message file: the first
+/// 4096 bytes, as a kubelet reports them (`None` when empty).
+pub fn termination_message(file: &Path) -> Option<String> {
+    let bytes = std::fs::read(file).ok()?;
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)])
+        .trim()
+        .to_string();
+    (!text.is_empty()).then_some(text)
 }
 
 /// Where a kubelet mounts a pod's ServiceAccount credentials.

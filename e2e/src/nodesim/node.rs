@@ -140,6 +140,41 @@ pub async fn heartbeat(client: &Client, cfg: &NodeConfig) -> Result<()> {
     Ok(())
 }
 
+/// What the node lifecycle controller does to a node whose kubelet went
+/// silent (the local control plane runs without that controller): Ready
+/// turns Unknown and the `unreachable` NoSchedule taint keeps new pods off.
+pub async fn mark_unreachable(client: &Client, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let now = rfc3339_now();
+    let ready = json!({"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.", "lastHeartbeatTime": now,
+        "lastTransitionTime": now});
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [ready]}})),
+        )
+        .await
+        .with_context(|| format!("marking node {name} NotReady"))?;
+    let got = nodes.get(name).await?;
+    let mut taints = got.spec.and_then(|s| s.taints).unwrap_or_default();
+    taints.retain(|t| t.key != "node.kubernetes.io/unreachable");
+    let mut taints = serde_json::to_value(taints)?;
+    if let Some(a) = taints.as_array_mut() {
+        a.push(json!({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now}));
+    }
+    nodes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": taints}})),
+        )
+        .await
+        .with_context(|| format!("tainting node {name} unreachable"))?;
+    Ok(())
+}
+
 /// The current time as Kubernetes writes it (RFC 3339, seconds, UTC).
 pub fn rfc3339_now() -> String {
     k8s_openapi::jiff::Timestamp::now()

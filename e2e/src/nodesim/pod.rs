@@ -102,7 +102,7 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
     ctx.targets.remove(&uid);
     ctx.netpol.remove(&uid);
     let _ = ctx.netpol.sync(&ctx.client).await;
-    if running.terminating.load(Ordering::SeqCst) {
+    if running.terminating.load(Ordering::SeqCst) && !ctx.is_lost(&running.node) {
         finalize_delete(&ctx, &pod).await;
     }
     if let Ok(mut m) = ctx.running.lock() {
@@ -170,6 +170,8 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         &token,
     )
     .await?;
+    let (term_mount, term_file) = super::mounts::termination_log(&pod_dir, &container)?;
+    binds.push(term_mount);
     if spec.automount_service_account_token != Some(false) {
         binds.push(super::mounts::service_account(
             &pod_dir,
@@ -253,11 +255,16 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     if let Some(cg) = &cgroup {
         cg.remove();
     }
+    // A lost node's kubelet reports nothing more.
+    if ctx.is_lost(&node_name) {
+        return Ok(());
+    }
     if running.terminating.load(Ordering::SeqCst) {
         return Ok(());
     }
     let finished = now();
-    let end = status::terminated(&container, pid, code, &started, &finished);
+    let message = super::mounts::termination_message(&term_file);
+    let end = status::terminated(&container, pid, code, &started, &finished, message);
     status::patch(ctx, pod, end).await
 }
 

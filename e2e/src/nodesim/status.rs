@@ -56,13 +56,15 @@ pub fn running(ip: &str, at: &str, container: &Container, pid: Option<u32>) -> V
            "startTime": at, "conditions": conditions(true, at), "containerStatuses": [cs]})
 }
 
-/// The process `pid` started at `started` exited with `code` at `finished`.
+/// The process `pid` started at `started` exited with `code` at
+/// `finished`, leaving `message` in its termination message file.
 pub fn terminated(
     container: &Container,
     pid: u32,
     code: i32,
     started: &str,
     finished: &str,
+    message: Option<String>,
 ) -> Value {
     let (phase, reason) = if code == 0 {
         ("Succeeded", "Completed")
@@ -73,7 +75,7 @@ pub fn terminated(
            "containerStatuses": [{"name": container.name, "ready": false, "restartCount": 0,
              "image": container.image.clone().unwrap_or_default(), "imageID": "",
              "containerID": container_id(pid), "started": false,
-             "state": {"terminated": {"exitCode": code, "reason": reason,
+             "state": {"terminated": {"exitCode": code, "reason": reason, "message": message,
                "startedAt": started, "finishedAt": finished}}}]})
 }
 

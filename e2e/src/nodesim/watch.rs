@@ -36,7 +36,7 @@ fn on_pod(ctx: &Arc<Ctx>, p: Pod) {
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
-    if !ctx.nodes.contains_key(&node) {
+    if !ctx.nodes.contains_key(&node) || ctx.is_lost(&node) {
         return;
     }
     let uid = p.metadata.uid.clone().unwrap_or_default();

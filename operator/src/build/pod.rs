@@ -115,11 +115,18 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     // Only rank 0 reads and writes checkpoints (resumed state reaches the
     // other ranks over c10d), so only rank 0 mounts the claim: a
     // ReadWriteOnce claim then works for a gang spread over nodes.
+    // Each job has its own directory in the claim (`subPath: <job>`), so
+    // jobs sharing a claim never see each other's checkpoints.
+    let shared_claim = spec.checkpoint.claim_name.is_some() && rank == 0;
     volumes.push(match (&spec.checkpoint.claim_name, rank) {
         (Some(c), 0) => claim("checkpoints", c, false),
         _ => empty_dir("checkpoints"),
     });
-    mounts.push(mount("checkpoints", &spec.checkpoint.path, false));
+    let mut ckpt = mount("checkpoints", &spec.checkpoint.path, false);
+    if shared_claim {
+        ckpt.sub_path = Some(v.name.clone());
+    }
+    mounts.push(ckpt);
     if let (Some(c), Some(dir)) = (&spec.dataset.claim_name, data_dir(spec)) {
         volumes.push(claim("data", c, true));
         mounts.push(mount("data", &dir, true));

@@ -138,7 +138,18 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         assert!(mounts
             .iter()
             .any(|m| m.mount_path == "/scratch" && m.read_only.is_none()));
-        assert!(mounts.iter().any(|m| m.mount_path == "/checkpoints"));
+        // Rank 0 mounts its job's own directory of the claim (subPath: the
+        // job's name); the others an emptyDir, no subPath.
+        let ckpt_mount = mounts
+            .iter()
+            .find(|m| m.mount_path == "/checkpoints")
+            .expect("checkpoint mount");
+        let job_name = pod.metadata.labels.as_ref().expect("labels")["heterotrain.dev/job"].clone();
+        assert_eq!(
+            ckpt_mount.sub_path.as_deref(),
+            (rank == 0).then_some(job_name.as_str()),
+            "rank {rank}"
+        );
         assert!(mounts
             .iter()
             .any(|m| m.mount_path == "/data/cifar10" && m.read_only == Some(true)));

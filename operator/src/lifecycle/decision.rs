@@ -46,6 +46,9 @@ pub struct Decision {
     pub conditions: Vec<Desired>,
     /// Pods to delete (by name).
     pub delete_pods: Vec<String>,
+    /// Pods to delete now, without waiting for a kubelet (grace period 0):
+    /// a previous gang's pods stuck Terminating on a node that is gone.
+    pub force_delete_pods: Vec<String>,
     /// Create the Service, the plan (if missing) and these ranks' pods.
     pub create_ranks: Vec<u32>,
     /// `status.restarts` after this decision.
@@ -85,6 +88,7 @@ impl Decision {
             phase,
             conditions: Vec::new(),
             delete_pods: Vec::new(),
+            force_delete_pods: Vec::new(),
             create_ranks: Vec::new(),
             restarts,
             disruptions,

@@ -23,6 +23,11 @@ fn seconds_between(from: &Time, now: &Timestamp) -> f64 {
     (now.as_millisecond() - from.0.as_millisecond()) as f64 / 1000.0
 }
 
+/// How long past its grace period a deleted pod of a previous gang may stay
+/// before it is force-deleted: its node is gone (a kubelet would have
+/// finished the delete), and the next gang reuses its name.
+pub const FORCE_DELETE_AFTER: Duration = Duration::from_secs(30);
+
 fn live(p: &RankPod) -> bool {
     !p.deleting && matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown)
 }
@@ -126,6 +131,31 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
             ),
         );
         d.requeue(Duration::from_secs(1));
+        // A pod still Terminating long after its grace period sits on a
+        // lost node: no kubelet will finish its delete, and its name
+        // blocks the next gang. Delete it from the API now.
+        let after = FORCE_DELETE_AFTER.as_secs_f64();
+        let stuck: Vec<String> = old
+            .iter()
+            .filter(|p| {
+                p.deletion_deadline
+                    .as_ref()
+                    .is_some_and(|t| seconds_between(t, now) >= after)
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        if !stuck.is_empty() {
+            d.event(
+                true,
+                reasons::FORCE_DELETED,
+                format!(
+                    "pod(s) {} still Terminating {}s past the grace period (their node is unreachable?): deleted from the API so the next gang can start",
+                    stuck.join(", "),
+                    FORCE_DELETE_AFTER.as_secs()
+                ),
+            );
+            d.force_delete_pods = stuck;
+        }
         return d;
     }
 
@@ -235,7 +265,34 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
                 && (p.phase == Phase::Succeeded || p.pod_ip.is_some())
         })
         .count() as u32;
+    // When the current gang's pods were created (the newest of them).
+    let gang_created = current
+        .iter()
+        .filter_map(|p| p.created.as_ref())
+        .max_by_key(|t| t.0);
     if running == world {
+        // The watchdog: every rank runs but the step stands still.
+        if let Some(limit) = rp.progress_deadline_seconds {
+            let moved = status
+                .progress
+                .as_ref()
+                .and_then(|p| p.last_update_time.as_ref());
+            let since = [moved, gang_created]
+                .into_iter()
+                .flatten()
+                .max_by_key(|t| t.0);
+            if let Some(since) = since {
+                let idle = seconds_between(since, now);
+                if idle >= f64::from(limit) {
+                    let why = format!(
+                        "no training step for {idle:.0}s with all {world} ranks running (progressDeadlineSeconds {limit}): a rank is hung or stopped"
+                    );
+                    outcome::apply(&mut d, rp, &current, outcome::Cause::Failure(why));
+                    return d;
+                }
+                d.requeue(Duration::from_secs_f64((f64::from(limit) - idle).max(1.0)));
+            }
+        }
         d.phase = JobPhase::Running;
         d.balance = true;
         d.conditions.push(Desired::yes(
@@ -243,13 +300,60 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
             reasons::PODS_RUNNING,
             format!("all {world} ranks running"),
         ));
-    } else {
-        d.conditions.push(Desired::no(
-            types::RUNNING,
-            reasons::PODS_PENDING,
-            format!("{running} of {world} ranks running"),
+        return d;
+    }
+    // Not all running: name what the waiting ranks wait for.
+    let mut ranked: Vec<&&RankPod> = current.iter().collect();
+    ranked.sort_by_key(|p| p.rank);
+    let stuck: Vec<(String, String)> = ranked
+        .iter()
+        .filter(|p| !matches!(p.phase, Phase::Running | Phase::Succeeded))
+        .filter_map(|p| {
+            let w = p.waiting.as_ref()?;
+            // A kubelet's or scheduler's reason, kept to what a condition
+            // reason may hold.
+            let reason: String = w
+                .split(':')
+                .next()
+                .unwrap_or(w)
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(64)
+                .collect();
+            let r = p.rank.map_or_else(|| "?".into(), |r| r.to_string());
+            Some((reason, format!("rank {r} (pod {}): {w}", p.name)))
+        })
+        .collect();
+    let mut msg = format!("{running} of {world} ranks running");
+    for (_, s) in &stuck {
+        msg.push_str("; ");
+        msg.push_str(s);
+    }
+    if let (Some(limit), Some(created)) = (rp.pods_ready_timeout_seconds, gang_created) {
+        let waited = seconds_between(created, now);
+        if waited >= f64::from(limit) {
+            let why = format!(
+                "{msg} {waited:.0}s after the gang's pods were created (podsReadyTimeoutSeconds {limit})"
+            );
+            d.fail(reasons::PODS_NOT_READY, why, names_where(&obs.pods, live));
+            return d;
+        }
+        d.requeue(Duration::from_secs_f64(
+            (f64::from(limit) - waited).max(1.0),
         ));
     }
+    let reason = stuck
+        .first()
+        .map(|(r, _)| r.clone())
+        .filter(|r| r.starts_with(|c: char| c.is_ascii_alphabetic()))
+        .unwrap_or_else(|| reasons::PODS_PENDING.to_string());
+    let was = cond::get(conds, types::RUNNING).map(|c| c.reason.clone());
+    if let Some((_, first)) = stuck.first() {
+        if was.as_deref() != Some(reason.as_str()) {
+            d.event(true, &reason, first.clone());
+        }
+    }
+    d.conditions.push(Desired::no(types::RUNNING, &reason, msg));
     d
 }
 

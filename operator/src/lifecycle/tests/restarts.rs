@@ -241,3 +241,103 @@ fn disruptions_do_not_use_up_the_backoff_limit() {
     );
     assert_eq!((s.restarts, s.disruptions), (3, 1));
 }
+
+#[test]
+fn a_previous_gang_pod_stuck_terminating_is_force_deleted() {
+    let c = Case::load("stuck_terminating");
+    let (d, s) = c.run();
+    // lc-1 is 90 s past its grace period: deleted from the API now; lc-0
+    // (5 s to go) is left to its kubelet. No new pods until both are gone.
+    assert_eq!(d.force_delete_pods, names(&["lc-1"]));
+    assert!(d.create_ranks.is_empty());
+    assert_eq!(d.restarts, 1, "force deletion is not another restart");
+    let ev = events(&d);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!((ev[0].0, ev[0].1), (true, "ForceDeleted"));
+    assert!(
+        ev[0].2.contains("lc-1") && !ev[0].2.contains("lc-0"),
+        "{}",
+        ev[0].2
+    );
+    assert!(message(&s, "Running").contains("previous gang"));
+    // 29 s past the grace period: not yet.
+    let (d, _) = c.run_at(&at("2025-01-01T00:58:59Z"));
+    assert!(d.force_delete_pods.is_empty());
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(1)));
+}
+
+#[test]
+fn waiting_ranks_are_named_and_the_job_fails_after_the_pods_ready_timeout() {
+    let c = Case::load("waiting");
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Pending);
+    let running = cond::get(&s.conditions, "Running").expect("Running");
+    assert_eq!(
+        (running.status.as_str(), running.reason.as_str()),
+        ("False", "ImagePullBackOff")
+    );
+    let m = &running.message;
+    assert!(
+        m.starts_with(
+            "0 of 2 ranks running; rank 0 (pod lc-0): ImagePullBackOff: Back-off pulling image"
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains("rank 1 (pod lc-1): Unschedulable: 0/3 nodes are available"),
+        "{m}"
+    );
+    // The new cause is announced once, as a warning.
+    let ev = events(&d);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!((ev[0].0, ev[0].1), (true, "ImagePullBackOff"));
+    // Requeued for the timeout (300 s after 00:59:00, now 01:00:00).
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(240)));
+    // At 01:04:00 the 300 s have passed: Failed, PodsNotReady, pods deleted.
+    let (d, s) = c.run_at(&at("2025-01-01T01:04:00Z"));
+    assert_eq!(d.phase, JobPhase::Failed);
+    assert_eq!(d.delete_pods, names(&["lc-0", "lc-1"]));
+    let failed = cond::get(&s.conditions, "Failed").expect("Failed");
+    assert_eq!(failed.reason, "PodsNotReady");
+    assert!(
+        failed.message.contains("ImagePullBackOff")
+            && failed.message.contains("podsReadyTimeoutSeconds 300"),
+        "{}",
+        failed.message
+    );
+    // Without a timeout the job keeps waiting.
+    let mut c = c;
+    c.job.spec.run_policy.pods_ready_timeout_seconds = None;
+    let (d, _) = c.run_at(&at("2025-01-02T00:00:00Z"));
+    assert_eq!(d.phase, JobPhase::Pending);
+}
+
+#[test]
+fn a_stalled_gang_is_restarted_by_the_progress_deadline() {
+    let c = Case::load("stalled");
+    // 300 s since the step moved, past the 240 s deadline: a counted restart.
+    let (d, s) = c.run();
+    assert_eq!(d.restarts, 1);
+    assert_eq!(d.disruptions, 0);
+    assert_eq!(d.delete_pods, names(&["lc-0", "lc-1"]));
+    let ev = events(&d);
+    assert_eq!((ev[0].0, ev[0].1), (true, "GangRestarting"));
+    assert!(ev[0].2.contains("no training step for 300s"), "{}", ev[0].2);
+    assert_eq!(s.restarts, 1);
+    // 200 s since it moved: running, balanced, checked again when the 240 s are up.
+    let (d, _) = c.run_at(&at("2025-01-01T00:58:20Z"));
+    assert_eq!(d.phase, JobPhase::Running);
+    assert!(d.balance);
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(40)));
+    // A new gang counts from its pods' creation, not from an older step.
+    let mut c2 = Case::load("stalled");
+    for p in &mut c2.pods {
+        p.metadata.creation_timestamp = Some(at("2025-01-01T00:59:00Z"));
+    }
+    let (d, _) = c2.run();
+    assert_eq!(d.phase, JobPhase::Running);
+    // Unset: no watchdog.
+    let mut c3 = Case::load("stalled");
+    c3.job.spec.run_policy.progress_deadline_seconds = None;
+    assert_eq!(c3.run().0.phase, JobPhase::Running);
+}

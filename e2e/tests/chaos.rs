@@ -1,0 +1,653 @@
+//! The chaos suite: what a real cluster does to a training job, on the
+//! local control plane with real trainers, each case an assertion on what
+//! a user sees — the job `Succeeded` (or fails for the stated reason),
+//! restarts counted toward `backoffLimit` only for failures, and at most one
+//! checkpoint interval of steps lost per kill. Prints a table (case,
+//! outcome, restarts counted, disruptions, lost steps, seconds) and writes
+//! it to `$HETEROTRAIN_CACHE/results/chaos.md`.
+//!
+//! `make chaos` runs it with 20 kills (`HETEROTRAIN_CHAOS_KILLS`); `make
+//! test` runs the same cases with 3. `HETEROTRAIN_CHAOS_ONLY=a,b` picks
+//! cases.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_e2e::nodesim::NodesFile;
+use heterotrain_e2e::system::{System, SystemOptions};
+use heterotrain_e2e::wait::eventually;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+
+const NODES: &str = r#"
+nodes:
+  - {name: chaos-a, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+  - {name: chaos-b, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+  - {name: chaos-c, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+"#;
+
+/// Checkpoint interval of the jobs here (steps).
+const EVERY: u64 = 10;
+const METRICS_PORT: u16 = 9400;
+
+/// A 2-rank job on the `chaos` pool with a checkpoint claim `ckpt`.
+fn job(name: &str, steps: u64, run_policy: &str, pool: &str) -> String {
+    format!(
+        r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: {name}}}
+spec:
+  workers:
+    - name: cpu
+      replicas: 2
+      threads: 1
+      nodeSelector: {{pool: {pool}}}
+      resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
+  model: {{name: simple_cnn}}
+  dataset: {{name: synthetic_image, syntheticSamples: 4096}}
+  training: {{globalBatchSize: 64, maxSteps: {steps}, learningRate: "0.02", momentum: "0.9", seed: 1}}
+  loadBalancing: {{policy: static}}
+  profiling: {{enabled: false}}
+  checkpoint: {{everySteps: {EVERY}, claimName: ckpt}}
+  metricsPort: {METRICS_PORT}
+  runPolicy: {run_policy}
+"#
+    )
+}
+
+/// One row of the results table.
+struct Row {
+    case: &'static str,
+    outcome: String,
+    counted: u32,
+    disruptions: u32,
+    lost: String,
+    seconds: f64,
+}
+
+fn selected(case: &str) -> bool {
+    match std::env::var("HETEROTRAIN_CHAOS_ONLY") {
+        Ok(list) if !list.is_empty() => list.split(',').any(|s| s.trim() == case),
+        _ => true,
+    }
+}
+
+fn succeeded(j: &HeteroTrainingJob) -> bool {
+    j.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// The job's pods by rank (current gang only: not being deleted).
+async fn rank_pods(system: &System, ns: &str) -> Result<BTreeMap<u32, Pod>, String> {
+    let api: Api<Pod> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    let list = api.list(&ListParams::default()).await.map_err(err)?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let r = p
+                .metadata
+                .labels
+                .as_ref()?
+                .get("heterotrain.dev/rank")?
+                .parse()
+                .ok()?;
+            Some((r, p))
+        })
+        .collect())
+}
+
+/// `heterotrain_step` read from a rank's own `/metrics` (the step now, not
+/// as last scraped).
+fn live_step(ip: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect((ip, METRICS_PORT)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    // Read what comes until the server closes or goes quiet (a keep-alive
+    // server may not close): a timeout ends the read, not the answer.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16384];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if raw.windows(18).any(|w| w == b"\nheterotrain_step ") && raw.ends_with(b"\n") {
+            break;
+        }
+    }
+    let body = String::from_utf8_lossy(&raw);
+    body.lines()
+        .find(|l| l.starts_with("heterotrain_step ") || l.starts_with("heterotrain_step{"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// Wait until the current gang's rank 0 reports a step ≥ `min`; its IP and step.
+async fn wait_step(
+    system: &System,
+    ns: &str,
+    min: u64,
+) -> Result<(BTreeMap<u32, Pod>, u64), String> {
+    eventually(
+        &format!("step ≥ {min} in {ns}"),
+        Duration::from_secs(240),
+        Duration::from_millis(300),
+        || async {
+            let pods = rank_pods(system, ns).await.map_err(anyhow::Error::msg)?;
+            let ip = pods.get(&0).and_then(|p| p.status.as_ref()?.pod_ip.clone());
+            let step = ip.as_deref().and_then(live_step);
+            if std::env::var("HETEROTRAIN_CHAOS_DEBUG").is_ok() {
+                eprintln!(
+                    "wait_step {ns}: {} pods, rank 0 at {ip:?}, step {step:?}",
+                    pods.len()
+                );
+            }
+            Ok(step.filter(|s| *s >= min).map(|s| (pods, s)))
+        },
+    )
+    .await
+    .map_err(err)
+}
+
+/// Steps each gang of `ns` resumed from, in order (rank 0's log).
+fn resumed_from(system: &System, ns: &str, job: &str) -> Vec<u64> {
+    let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
+        system.sim.state_dir(),
+        ns,
+        &format!("{job}-0"),
+    ))
+    .unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split("resuming from checkpoint at step ").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Evict `pod` through the Eviction API (policy/v1beta1 on this 1.20 server).
+async fn evict(system: &System, ns: &str, pod: &str) -> Result<(), String> {
+    let client = system.client().await.map_err(err)?;
+    let body = serde_json::json!({
+        "apiVersion": "policy/v1beta1", "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": ns}
+    });
+    let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods/{pod}/eviction"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).map_err(err)?)
+        .map_err(err)?;
+    client.request_text(req).await.map(drop).map_err(err)
+}
+
+async fn counts(system: &System, ns: &str, name: &str) -> Result<(u32, u32), String> {
+    let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    let st = api.get(name).await.map_err(err)?.status.unwrap_or_default();
+    Ok((
+        st.restarts - st.disruptions.min(st.restarts),
+        st.disruptions,
+    ))
+}
+
+/// K kills across a run — SIGKILL, SIGTERM and Eviction API in turn, on a
+/// rank picked by a fixed sequence — each after the new gang has trained
+/// past its resume point; Succeeded, evictions and SIGTERMs not counted,
+/// at most one checkpoint interval lost per kill.
+async fn kills(system: &System, ns: &str, k: u32) -> Result<Row, String> {
+    let t0 = Instant::now();
+    let steps = 100 * u64::from(k) + 300;
+    let rp = format!("{{backoffLimit: {k}}}");
+    system
+        .create_job(ns, &job("j", steps, &rp, "chaos"))
+        .await
+        .map_err(err)?;
+    let mut at_kill = Vec::new();
+    let (mut sigkills, mut disruptive) = (0u32, 0u32);
+    let mut min = 15;
+    for i in 0..k {
+        let (pods, step) = wait_step(system, ns, min).await?;
+        let rank = (i * 7 + 3) % 2;
+        let pod = pods
+            .get(&rank)
+            .and_then(|p| p.metadata.name.clone())
+            .ok_or("no pod")?;
+        match i % 3 {
+            0 => {
+                system.sim.signal_pod(ns, &pod, libc::SIGKILL).await;
+                sigkills += 1;
+            }
+            1 => {
+                system.sim.signal_pod(ns, &pod, libc::SIGTERM).await;
+                disruptive += 1;
+            }
+            _ => {
+                evict(system, ns, &pod).await?;
+                disruptive += 1;
+            }
+        }
+        at_kill.push(step);
+        // The next kill once the new gang runs and has passed this point.
+        let restarted = i + 1;
+        eventually(
+            "the gang recreated",
+            Duration::from_secs(240),
+            Duration::from_millis(300),
+            || async {
+                let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await?, ns);
+                let st = api.get("j").await?.status.unwrap_or_default();
+                Ok((st.restarts >= restarted).then_some(()))
+            },
+        )
+        .await
+        .map_err(err)?;
+        min = step + 5;
+    }
+    let job = system
+        .wait_job(ns, "j", Duration::from_secs(600), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let st = job.status.unwrap_or_default();
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    let resumed = resumed_from(system, ns, "j");
+    if resumed.len() < at_kill.len() {
+        return Err(format!(
+            "{} resumes logged for {} kills: {resumed:?}",
+            resumed.len(),
+            at_kill.len()
+        ));
+    }
+    // The last `k` resumes follow the kills in order.
+    let tail = &resumed[resumed.len() - at_kill.len()..];
+    let lost: Vec<u64> = at_kill
+        .iter()
+        .zip(tail)
+        .map(|(k, r)| k.saturating_sub(*r))
+        .collect();
+    let worst = lost.iter().copied().max().unwrap_or(0);
+    if st.restarts != k || counted != sigkills || disruptions != disruptive {
+        return Err(format!(
+            "restarts {} (counted {counted}, disruptions {disruptions}); wanted {k} ({sigkills} SIGKILL counted, {disruptive} SIGTERM/evictions not)",
+            st.restarts
+        ));
+    }
+    // A kill lands between checkpoints: at most one interval (+1 for the
+    // step that may finish between reading the step and the signal).
+    if worst > EVERY + 1 {
+        return Err(format!(
+            "lost {lost:?} steps at kills {at_kill:?} (resumed at {tail:?})"
+        ));
+    }
+    Ok(Row {
+        case: "kills",
+        outcome: format!("Succeeded after {k} kills (SIGKILL, SIGTERM, eviction)"),
+        counted,
+        disruptions,
+        lost: format!("max {worst}, total {}", lost.iter().sum::<u64>()),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A rank SIGSTOPped: the progress watchdog restarts the gang (counted).
+async fn hung_rank(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    system
+        .create_job(
+            ns,
+            &job(
+                "j",
+                600,
+                "{backoffLimit: 2, progressDeadlineSeconds: 30, collectiveTimeoutSeconds: 900}",
+                "chaos",
+            ),
+        )
+        .await
+        .map_err(err)?;
+    let (pods, step) = wait_step(system, ns, 20).await?;
+    let pod = pods
+        .get(&1)
+        .and_then(|p| p.metadata.name.clone())
+        .ok_or("no rank 1")?;
+    system.sim.signal_pod(ns, &pod, libc::SIGSTOP).await;
+    let stopped = Instant::now();
+    let job = system
+        .wait_job(ns, "j", Duration::from_secs(400), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    let st = job.status.unwrap_or_default();
+    if st.restarts != 1 || counted != 1 {
+        return Err(format!(
+            "restarts {} counted {counted}: wanted one counted restart",
+            st.restarts
+        ));
+    }
+    let resumed = resumed_from(system, ns, "j");
+    let lost = resumed.last().map_or(step, |r| step.saturating_sub(*r));
+    Ok(Row {
+        case: "hung rank (SIGSTOP)",
+        outcome: format!(
+            "watchdog restart (progressDeadlineSeconds 30), Succeeded {:.0}s after the stop",
+            stopped.elapsed().as_secs_f64()
+        ),
+        counted,
+        disruptions,
+        lost: lost.to_string(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A selector no node matches: the condition names it at once, the job
+/// fails after `podsReadyTimeoutSeconds`.
+async fn unschedulable(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    system
+        .create_job(
+            ns,
+            &job("j", 50, "{podsReadyTimeoutSeconds: 25}", "nowhere"),
+        )
+        .await
+        .map_err(err)?;
+    let named = system
+        .wait_job(
+            ns,
+            "j",
+            Duration::from_secs(30),
+            "Running=False Unschedulable",
+            |j| {
+                j.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Running" && c.reason == "Unschedulable")
+                })
+            },
+        )
+        .await
+        .map_err(err)?;
+    let named_after = t0.elapsed().as_secs_f64();
+    let msg = named
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Running")
+        .map(|c| c.message)
+        .unwrap_or_default();
+    if !msg.contains("rank 0 (pod j-0): Unschedulable") {
+        return Err(format!("Running condition: {msg}"));
+    }
+    let failed = |j: &HeteroTrainingJob| {
+        j.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Failed" && c.status == "True" && c.reason == "PodsNotReady")
+        })
+    };
+    system
+        .wait_job(
+            ns,
+            "j",
+            Duration::from_secs(90),
+            "Failed PodsNotReady",
+            failed,
+        )
+        .await
+        .map_err(err)?;
+    Ok(Row {
+        case: "unschedulable selector",
+        outcome: format!(
+            "Unschedulable named after {named_after:.0}s; Failed (PodsNotReady) after {:.0}s",
+            t0.elapsed().as_secs_f64()
+        ),
+        counted: 0,
+        disruptions: 0,
+        lost: "-".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The plan ConfigMap deleted, then garbage written into it, mid-run.
+async fn plan_damaged(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    system
+        .create_job(ns, &job("j", 600, "{}", "chaos"))
+        .await
+        .map_err(err)?;
+    wait_step(system, ns, 15).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    cms.delete("j-plan", &DeleteParams::default())
+        .await
+        .map_err(err)?;
+    let back = |want_valid: bool| {
+        let cms = cms.clone();
+        async move {
+            eventually(
+                "the plan restored",
+                Duration::from_secs(60),
+                Duration::from_millis(300),
+                || async {
+                    let cm = cms.get_opt("j-plan").await?;
+                    let text = cm
+                        .and_then(|c| c.data)
+                        .and_then(|d| d.get(heterotrain_crds::PLAN_KEY).cloned());
+                    let ok = text
+                        .as_deref()
+                        .is_some_and(|t| heterotrain_crds::BatchPlan::parse(t, 2).is_ok());
+                    Ok((ok == want_valid).then_some(()))
+                },
+            )
+            .await
+            .map_err(err)
+        }
+    };
+    back(true).await?;
+    cms.patch(
+        "j-plan",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {heterotrain_crds::PLAN_KEY: "{not json"}})),
+    )
+    .await
+    .map_err(err)?;
+    back(true).await?;
+    system
+        .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    if counted + disruptions != 0 {
+        return Err(format!("the gang restarted: {counted} + {disruptions}"));
+    }
+    Ok(Row {
+        case: "plan deleted, then garbage",
+        outcome: "restored both times; Succeeded without a restart".into(),
+        counted,
+        disruptions,
+        lost: "0".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The API server down for 30 s mid-run.
+async fn apiserver_down(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    system
+        .create_job(ns, &job("j", 900, "{}", "chaos"))
+        .await
+        .map_err(err)?;
+    wait_step(system, ns, 15).await?;
+    system
+        .cluster
+        .restart_apiserver(Duration::from_secs(30))
+        .await
+        .map_err(err)?;
+    system
+        .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    let pods: Api<Pod> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    let n = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(err)?
+        .items
+        .len();
+    if counted + disruptions != 0 || n != 2 {
+        return Err(format!(
+            "restarts {counted}+{disruptions}, {n} pods (want 0 and 2)"
+        ));
+    }
+    Ok(Row {
+        case: "API server down 30 s",
+        outcome: "Succeeded, no restart, exactly 2 pods".into(),
+        counted,
+        disruptions,
+        lost: "0".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A node lost mid-run (its pod stays Terminating): force-deleted, the new
+/// gang runs on the other nodes.
+async fn lost_node(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    system
+        .create_job(ns, &job("j", 600, "{backoffLimit: 3}", "chaos"))
+        .await
+        .map_err(err)?;
+    let (pods, step) = wait_step(system, ns, 20).await?;
+    let node = pods
+        .get(&1)
+        .and_then(|p| p.spec.as_ref()?.node_name.clone())
+        .ok_or("rank 1 has no node")?;
+    system.sim.lose_node(&node).await.map_err(err)?;
+    let job = system
+        .wait_job(ns, "j", Duration::from_secs(400), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let client = system.client().await.map_err(err)?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, ns);
+    let forced = events
+        .list(&ListParams::default())
+        .await
+        .map_err(err)?
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("ForceDeleted"));
+    if !forced {
+        return Err("no ForceDeleted event".into());
+    }
+    let now_on: Vec<String> = rank_pods(system, ns)
+        .await?
+        .values()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    if now_on.contains(&node) {
+        return Err(format!(
+            "a rank of the new gang is on the lost node {node}: {now_on:?}"
+        ));
+    }
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    let st = job.status.unwrap_or_default();
+    let resumed = resumed_from(system, ns, "j");
+    let lost = resumed.last().map_or(step, |r| step.saturating_sub(*r));
+    Ok(Row {
+        case: "node lost",
+        outcome: format!(
+            "pod on {node} force-deleted; new gang on {now_on:?}; Succeeded ({} restart(s))",
+            st.restarts
+        ),
+        counted,
+        disruptions,
+        lost: lost.to_string(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos() {
+    let kills_n: u32 = std::env::var("HETEROTRAIN_CHAOS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let mut system = System::start(SystemOptions {
+        operator_args: vec![
+            "--scrape-interval=1".into(),
+            "--rebalance-interval=3".into(),
+        ],
+        verbose: true,
+        ..SystemOptions::new("chaos", NodesFile::parse(NODES).expect("nodes"))
+    })
+    .await
+    .expect("start the system");
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    // The lost node stays lost: that case goes last.
+    let cases: [&str; 6] = [
+        "kills",
+        "hung-rank",
+        "unschedulable",
+        "plan",
+        "apiserver",
+        "lost-node",
+    ];
+    for case in cases {
+        if !selected(case) {
+            eprintln!("chaos {case}: skipped (HETEROTRAIN_CHAOS_ONLY)");
+            continue;
+        }
+        let ns = format!("chaos-{case}");
+        system.create_namespace(&ns).await.expect("namespace");
+        let client = system.client().await.expect("client");
+        heterotrain_e2e::volumes::create_claim(&client, system.sim.state_dir(), &ns, "ckpt")
+            .await
+            .expect("claim");
+        let r = match case {
+            "kills" => kills(&system, &ns, kills_n).await,
+            "hung-rank" => hung_rank(&system, &ns).await,
+            "unschedulable" => unschedulable(&system, &ns).await,
+            "plan" => plan_damaged(&system, &ns).await,
+            "apiserver" => apiserver_down(&system, &ns).await,
+            _ => lost_node(&system, &ns).await,
+        };
+        match r {
+            Ok(row) => {
+                eprintln!("chaos {case}: passed in {:.0}s", row.seconds);
+                rows.push(row);
+            }
+            Err(e) => {
+                let dump = system.dump(&ns).await;
+                eprintln!("chaos {case}: FAILED: {e}\n--- dump ---\n{dump}");
+                failures.push(format!("{case}: {e}"));
+            }
+        }
+    }
+    let mut table = String::from(
+        "| case | outcome | restarts counted | disruptions (not counted) | lost steps | seconds |\n|---|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.0} |\n",
+            r.case, r.outcome, r.counted, r.disruptions, r.lost, r.seconds
+        ));
+    }
+    eprintln!("\nchaos results ({kills_n} kills):\n{table}");
+    let out = heterotrain_e2e::paths::cache_dir().join("results");
+    if std::fs::create_dir_all(&out).is_ok() {
+        let _ = std::fs::write(out.join("chaos.md"), &table);
+    }
+    system.stop().await;
+    assert!(
+        failures.is_empty(),
+        "chaos cases failed:\n{}",
+        failures.join("\n")
+    );
+}
