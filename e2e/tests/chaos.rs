@@ -515,6 +515,85 @@ async fn apiserver_down(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
+/// The job deleted with `--cascade=orphan` mid-run and created again under
+/// the same name: the old pods are deleted, never adopted; the new job
+/// trains from step 0 (not from the old job's checkpoints) to Succeeded.
+async fn orphaned(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    let spec = job("j", 600, "{}", "chaos");
+    system.create_job(ns, &spec).await.map_err(err)?;
+    wait_step(system, ns, 15).await?;
+    let client = system.client().await.map_err(err)?;
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
+    let old_uid = jobs.get("j").await.map_err(err)?.metadata.uid;
+    let orphan = DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        ..Default::default()
+    };
+    jobs.delete("j", &orphan).await.map_err(err)?;
+    eventually(
+        "the job gone",
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        || async { Ok(jobs.get_opt("j").await?.is_none().then_some(())) },
+    )
+    .await
+    .map_err(err)?;
+    let before = resumed_from(system, ns, "j").len();
+    let recreated_at = k8s_openapi::jiff::Timestamp::now();
+    let new = system.create_job(ns, &spec).await.map_err(err)?;
+    let new_uid = new.metadata.uid.clone().ok_or("no uid")?;
+    if Some(&new_uid) == old_uid.as_ref() {
+        return Err("the recreated job kept its UID".into());
+    }
+    let done = system
+        .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
+        .await
+        .map_err(err)?;
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let left = pods.list(&ListParams::default()).await.map_err(err)?.items;
+    for p in &left {
+        let owner = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        if owner.as_deref() != Some(new_uid.as_str()) || created.is_none_or(|c| c < recreated_at) {
+            return Err(format!(
+                "pod {:?} (owner {owner:?}, created {created:?}) is not the new job's",
+                p.metadata.name
+            ));
+        }
+    }
+    if left.len() != 2 {
+        return Err(format!(
+            "{} pods after the run, want the new job's 2",
+            left.len()
+        ));
+    }
+    let resumed = resumed_from(system, ns, "j");
+    if resumed.len() != before {
+        return Err(format!(
+            "the new job resumed an old job's checkpoint: {resumed:?}"
+        ));
+    }
+    let st = done.status.unwrap_or_default();
+    Ok(Row {
+        case: "deleted with orphans, recreated",
+        outcome: format!(
+            "old pods deleted, not adopted; new job trained from step 0; Succeeded at step {}",
+            st.step
+        ),
+        counted: st.restarts - st.disruptions.min(st.restarts),
+        disruptions: st.disruptions,
+        lost: "-".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
 /// A node lost mid-run (its pod stays Terminating): force-deleted, the new
 /// gang runs on the other nodes.
 async fn lost_node(system: &System, ns: &str) -> Result<Row, String> {
@@ -591,12 +670,13 @@ async fn chaos() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     // The lost node stays lost: that case goes last.
-    let cases: [&str; 6] = [
+    let cases: [&str; 7] = [
         "kills",
         "hung-rank",
         "unschedulable",
         "plan",
         "apiserver",
+        "orphaned",
         "lost-node",
     ];
     for case in cases {
@@ -616,6 +696,7 @@ async fn chaos() {
             "unschedulable" => unschedulable(&system, &ns).await,
             "plan" => plan_damaged(&system, &ns).await,
             "apiserver" => apiserver_down(&system, &ns).await,
+            "orphaned" => orphaned(&system, &ns).await,
             _ => lost_node(&system, &ns).await,
         };
         match r {
