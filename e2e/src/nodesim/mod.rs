@@ -234,14 +234,8 @@ impl NodeSimulator {
         if let Ok(mut s) = self.ctx.speeds.lock() {
             s.insert(node.to_string(), speed);
         }
-        let pods: Vec<_> = self
-            .ctx
-            .running
-            .lock()
-            .map(|m| m.values().filter(|p| p.node == node).cloned().collect())
-            .unwrap_or_default();
         let mut changed = 0;
-        for p in pods {
+        for p in self.pods_on(node)? {
             let cg = p.cgroup.lock().ok().and_then(|g| g.clone());
             if let Some((cg, limit)) = cg {
                 cg.set_cores(limit * speed)?;
@@ -251,6 +245,19 @@ impl NodeSimulator {
         Ok(changed)
     }
 
+    /// The pods running on simulated node `node` (an error for another node).
+    fn pods_on(&self, node: &str) -> Result<Vec<Arc<pod::RunningPod>>> {
+        if !self.ctx.nodes.contains_key(node) {
+            anyhow::bail!("node {node} is not simulated here");
+        }
+        Ok(self
+            .ctx
+            .running
+            .lock()
+            .map(|m| m.values().filter(|p| p.node == node).cloned().collect())
+            .unwrap_or_default())
+    }
+
     /// Lose `node` as a cluster loses a machine: its pods' processes die
     /// (SIGKILL), its heartbeats stop, and nothing more is reported for its
     /// pods — a deleted pod stays Terminating, as no kubelet finishes the
@@ -258,18 +265,10 @@ impl NodeSimulator {
     /// (Ready Unknown, the `unreachable` NoSchedule taint). Returns how many
     /// processes were killed.
     pub async fn lose_node(&self, node: &str) -> Result<usize> {
-        if !self.ctx.nodes.contains_key(node) {
-            anyhow::bail!("node {node} is not simulated here");
-        }
+        let pods = self.pods_on(node)?;
         if let Ok(mut l) = self.ctx.lost.lock() {
             l.insert(node.to_string());
         }
-        let pods: Vec<_> = self
-            .ctx
-            .running
-            .lock()
-            .map(|m| m.values().filter(|p| p.node == node).cloned().collect())
-            .unwrap_or_default();
         let mut killed = 0;
         for p in pods {
             if let Some(pid) = p.pid.lock().ok().and_then(|g| *g) {
