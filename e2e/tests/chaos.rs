@@ -594,6 +594,114 @@ async fn orphaned(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
+/// The operator's `heterotrain_operator_scrape_failures_total` (its own
+/// `/metrics`; the operator may have been restarted by an earlier case).
+fn scrape_failures(system: &System) -> Option<f64> {
+    let port = system.operator_http_port()?;
+    let (_, body) = heterotrain_e2e::prometheus::http_get(port, "/metrics").ok()?;
+    body.lines()
+        .find(|l| l.starts_with("heterotrain_operator_scrape_failures_total "))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Resident memory of process `pid` in MiB (`VmRSS`).
+fn rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = s
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Both ranks of a job serve a 1 GiB `/metrics` (a script of their own,
+/// `e2e/scripts/huge_metrics.py`) while another job trains: the operator's
+/// memory stays under 150 MiB and the other job Succeeds.
+async fn huge_metrics(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    let python = std::env::var("HETEROTRAIN_PYTHON").map_err(|_| {
+        "HETEROTRAIN_PYTHON is not set: run through `make test` (it sources the set-up's env.sh)"
+            .to_string()
+    })?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/huge_metrics.py");
+    let big = format!(
+        r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: big}}
+spec:
+  command: ["{python}", "{script}", "45"]
+  workers:
+    - name: cpu
+      replicas: 2
+      nodeSelector: {{pool: chaos}}
+      resources: {{requests: {{cpu: "100m"}}, limits: {{cpu: "1"}}}}
+  model: {{name: simple_cnn}}
+  dataset: {{name: synthetic_image}}
+  training: {{globalBatchSize: 32, maxSteps: 100}}
+  profiling: {{enabled: false}}
+  checkpoint: {{everySteps: 0}}
+  metricsPort: {METRICS_PORT}
+"#,
+        script = script.display()
+    );
+    let failures_before = scrape_failures(system);
+    system.create_job(ns, &big).await.map_err(err)?;
+    system
+        .create_job(ns, &job("ok", 600, "{}", "chaos"))
+        .await
+        .map_err(err)?;
+    let mut peak: f64 = 0.0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    loop {
+        if let Some(m) = system.operator_pid().and_then(rss_mib) {
+            peak = peak.max(m);
+        }
+        let phase =
+            |j: Option<HeteroTrainingJob>| j.and_then(|j| j.status?.phase).unwrap_or_default();
+        let ok = phase(api.get_opt("ok").await.ok().flatten());
+        let big_phase = phase(api.get_opt("big").await.ok().flatten());
+        if ok == "Succeeded" && big_phase == "Succeeded" {
+            break;
+        }
+        if ok == "Failed" || Instant::now() > deadline {
+            return Err(format!(
+                "jobs: ok {ok:?}, big {big_phase:?} (operator peak {peak:.0} MiB)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if peak >= 150.0 || peak == 0.0 {
+        return Err(format!("operator resident memory peaked at {peak:.0} MiB"));
+    }
+    // The huge endpoints were read (and cut off), not skipped.
+    let cut = scrape_failures(system)
+        .zip(failures_before)
+        .map(|(a, b)| a - b);
+    if cut.is_none_or(|n| n < 2.0) {
+        return Err(format!(
+            "scrape failures during the case: {cut:?} (want ≥ 2)"
+        ));
+    }
+    Ok(Row {
+        case: "ranks serving a 1 GiB /metrics",
+        outcome: format!(
+            "operator RSS peaked at {peak:.0} MiB; {} oversized scrapes cut off; the other job Succeeded",
+            cut.unwrap_or_default()
+        ),
+        counted: 0,
+        disruptions: 0,
+        lost: "-".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
 /// A node lost mid-run (its pod stays Terminating): force-deleted, the new
 /// gang runs on the other nodes.
 async fn lost_node(system: &System, ns: &str) -> Result<Row, String> {
@@ -670,13 +778,14 @@ async fn chaos() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     // The lost node stays lost: that case goes last.
-    let cases: [&str; 7] = [
+    let cases: [&str; 8] = [
         "kills",
         "hung-rank",
         "unschedulable",
         "plan",
         "apiserver",
         "orphaned",
+        "huge-metrics",
         "lost-node",
     ];
     for case in cases {
@@ -697,6 +806,7 @@ async fn chaos() {
             "plan" => plan_damaged(&system, &ns).await,
             "apiserver" => apiserver_down(&system, &ns).await,
             "orphaned" => orphaned(&system, &ns).await,
+            "huge-metrics" => huge_metrics(&system, &ns).await,
             _ => lost_node(&system, &ns).await,
         };
         match r {

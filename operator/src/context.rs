@@ -29,6 +29,10 @@ pub struct Context {
     pub(crate) rebalancer: Rebalancer,
     /// Consecutive failed reconciles per job.
     failures: Mutex<HashMap<JobKey, u32>>,
+    /// The last refusal reported per job (`CreateRefused`), so one refusal
+    /// is one Event however many reconciles meet it before the status
+    /// that records it is read back.
+    refusals: Mutex<HashMap<JobKey, String>>,
     /// The leader Lease's renewals (for `/healthz`).
     pub lease: LeaseHealth,
     /// The CRD was found (for `/readyz`).
@@ -60,6 +64,7 @@ impl Context {
             recorder,
             rebalancer: Rebalancer::new(),
             failures: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
         }))
     }
@@ -90,6 +95,20 @@ impl Context {
                 *n
             })
             .unwrap_or(1)
+    }
+
+    /// Record that `key`'s objects were refused with `message`; whether
+    /// that is new (not the refusal last recorded).
+    pub(crate) fn refused(&self, key: &JobKey, message: &str) -> bool {
+        self.refusals
+            .lock()
+            .map(|mut r| r.insert(key.clone(), message.to_string()).as_deref() != Some(message))
+            .unwrap_or(true)
+    }
+
+    /// `key`'s objects were written: a later refusal is news again.
+    pub(crate) fn accepted(&self, key: &JobKey) {
+        self.refusals.lock().map(|mut r| r.remove(key)).ok();
     }
 
     /// `key` reconciled: its failure count starts over.

@@ -99,13 +99,16 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
             .await?;
     }
     let written = match apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await {
-        Ok(w) => w,
+        Ok(w) => {
+            ctx.accepted(&key);
+            w
+        }
         Err(e) => match refused(&e) {
             // The API server refuses the job's objects (a ResourceQuota, a
             // LimitRange, an admission policy): retrying at once cannot
             // help; say why in the status and try again in a minute.
             Some(why) => {
-                report_refusal(ctx, &v, &mut d, why).await;
+                report_refusal(ctx, &v, &key, &mut d, why).await;
                 None
             }
             None => return Err(e),
@@ -156,7 +159,13 @@ fn refused(e: &Error) -> Option<String> {
 /// Record a refused create: `Created=False` (`CreateRefused`) with the API
 /// server's words and what to check, a warning Event when that is new, and
 /// a retry in 60 s.
-async fn report_refusal(ctx: &Context, v: &ValidatedJob<'_>, d: &mut Decision, why: String) {
+async fn report_refusal(
+    ctx: &Context,
+    v: &ValidatedJob<'_>,
+    key: &JobKey,
+    d: &mut Decision,
+    why: String,
+) {
     let msg = format!(
         "the API server refused the job's pods or objects ({why}); check the namespace's ResourceQuota, LimitRange and admission policies and the operator's RBAC; retrying every 60s"
     );
@@ -173,7 +182,8 @@ async fn report_refusal(ctx: &Context, v: &ValidatedJob<'_>, d: &mut Decision, w
         msg.clone(),
     ));
     d.events.retain(|e| e.reason != reasons::GANG_CREATED);
-    if was != Some((reasons::CREATE_REFUSED.to_string(), msg.clone())) {
+    let news = ctx.refused(key, &msg);
+    if news && was != Some((reasons::CREATE_REFUSED.to_string(), msg.clone())) {
         let e = EventSpec {
             warning: true,
             reason: reasons::CREATE_REFUSED.into(),
