@@ -35,6 +35,32 @@ struct HtReducerTrace {
   std::vector<int64_t> ready_at_launch;
 };
 
+// The optimizer update run inside backward: once the sums of a piece of a
+// bucket reach its owner, the owner updates those elements at once and
+// sends the new values to the other ranks, while backward still produces
+// the rest of the gradients. The arithmetic is the trainer's own update
+// (optim.rs), op for op with the same coefficients, so the result is the
+// same whether the update runs here or after backward.
+struct HtUpdate {
+  bool on = false;
+  bool adamw = false;
+  // This rank's optimizer state, flat over the elements it owns
+  // [own_lo, own_hi) (the tensors the trainer holds; the same storage).
+  at::Tensor m, v;
+  int64_t own_lo = 0;
+  int64_t own_hi = 0;
+  // SGD: weight decay, momentum, -lr. AdamW: (1 - lr wd) or 1, beta1,
+  // 1 - beta1, beta2, 1 - beta2, bias correction 2, eps, -lr / bias
+  // correction 1. Computed by the trainer for this step.
+  std::vector<double> c;
+  // This backward: elements updated here, elements received from owners,
+  // and pieces updated while backward still had gradients to produce.
+  std::atomic<int64_t> updated{0};
+  std::atomic<int64_t> received{0};
+  std::atomic<int64_t> early{0};
+  std::atomic<int64_t> update_ns{0};  // time spent updating
+};
+
 // Who updates which elements of the flat parameter buffer (ZeRO-1 with
 // unequal shards). While set, a bucket's gradient is summed only where its
 // owner needs it: each rank sends the other owners their segments and
@@ -48,18 +74,67 @@ struct HtShards {
   // Group rank r owns flat elements [bounds[r].first, bounds[r].second);
   // empty: every rank needs the whole sum (all-reduce).
   std::vector<std::pair<int64_t, int64_t>> bounds;
+  at::Tensor flat;                 // the flat parameter buffer
   const char* base = nullptr;  // the flat buffer's first byte
   int64_t numel = 0;
   int64_t elem = 0;
   uint32_t calls = 0;  // hook calls so far: the message tags
+  HtUpdate update;
 };
 
-// One piece of a bucket: [off, off + len) of its buffer, summed for `owner`.
+// One piece of a bucket: [off, off + len) of its buffer, which is
+// [flat, flat + len) of the flat parameters, summed for `owner`.
 struct Segment {
   int64_t off;
   int64_t len;
   int owner;
+  int64_t flat;
 };
+
+// Pieces of at most this many elements when the update runs in backward
+// (1 MiB of float): an owner updates and sends one piece while the next
+// one's sums are still arriving.
+constexpr int64_t kPiece = int64_t{1} << 18;
+
+// Element-wise work on a hook's thread runs in slices too small for
+// ATen's intra-op parallelism (GRAIN_SIZE, 32768 elements): such a thread
+// would otherwise start its own OpenMP team beside the rank's compute
+// threads. Element-wise ops give the same values whatever the slicing.
+constexpr int64_t kSerialSlice = int64_t{1} << 14;
+
+template <typename F>
+void serially(int64_t len, F&& f) {
+  for (int64_t k = 0; k < len; k += kSerialSlice) f(k, std::min(kSerialSlice, len - k));
+}
+
+// The trainer's update (optim.rs, Optimizer::update), the same ops in the
+// same order.
+void apply_update(const HtUpdate& u, at::Tensor p, at::Tensor g, at::Tensor m, at::Tensor v) {
+  const auto& c = u.c;
+  if (u.adamw) {
+    if (c[0] != 1.0) p.mul_(c[0]);
+    m.mul_(c[1]).add_(g * c[2]);
+    v.mul_(c[3]).add_(g * g * c[4]);
+    auto denom = (v / c[5]).sqrt() + c[6];
+    p.add_(m / denom * c[7]);
+    return;
+  }
+  if (c[0] != 0.0) g = g + p * c[0];
+  if (c[1] != 0.0) {
+    m.mul_(c[1]).add_(g);
+    p.add_(m * c[2]);
+  } else {
+    p.add_(g * c[2]);
+  }
+}
+
+// Message tags, the same on every rank (buckets launch in one order):
+// the hook call, the phase (0: gradient sums to the owner, 1: updated
+// values from it) and the piece.
+int tag_of(uint32_t call, int phase, size_t piece) {
+  return static_cast<int>(((call % 1024u) << 20) | (static_cast<uint32_t>(phase) << 19) |
+                          (piece & 0x7ffffu));
+}
 
 class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
@@ -68,13 +143,14 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   // mixed gang every rank must run the same collectives.
   HtSumHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<HtReducerTrace> trace,
             std::shared_ptr<HtShards> shards, c10::intrusive_ptr<c10d::Backend> gloo,
-            std::chrono::milliseconds timeout, bool cuda_via_gloo)
+            std::chrono::milliseconds timeout, bool cuda_via_gloo, int64_t params)
       : CppCommHookInterface(std::move(pg)),
         trace_(std::move(trace)),
         shards_(std::move(shards)),
         gloo_(std::move(gloo)),
         timeout_(timeout),
-        cuda_via_gloo_(cuda_via_gloo) {}
+        cuda_via_gloo_(cuda_via_gloo),
+        params_(params) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     {
@@ -83,7 +159,11 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     }
     std::vector<Segment> segs;
     uint32_t call = 0;
-    if (plan(bucket, segs, call)) return reduce_to_owners(bucket.getBufferRef(), segs, call);
+    bool update = false;
+    if (plan(bucket, segs, call, update)) {
+      if (update) return reduce_update_share(bucket.getBufferRef(), std::move(segs), call);
+      return reduce_to_owners(bucket.getBufferRef(), std::move(segs), call);
+    }
     std::vector<at::Tensor> tensors{bucket.getBufferRef()};
     return state_->allreduce(tensors)->getFuture();
   }
@@ -92,7 +172,8 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   // The bucket's segments by owner, in buffer order; false: all-reduce it.
   // Nothing here may depend on this rank's device unless every rank's does
   // alike (a CUDA bucket with NCCL: then every rank is on CUDA).
-  bool plan(c10d::GradBucket& bucket, std::vector<Segment>& segs, uint32_t& call) {
+  bool plan(c10d::GradBucket& bucket, std::vector<Segment>& segs, uint32_t& call,
+            bool& update) {
     const at::Tensor& buf = bucket.getBufferRef();
     if (!buf.is_contiguous() || (!buf.is_cpu() && !cuda_via_gloo_)) return false;
     std::lock_guard<std::mutex> lock(shards_->mu);
@@ -117,14 +198,26 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
         const int64_t b = std::min(f + n, bounds[q].second);
         if (a >= b) continue;
         const int64_t off = o + (a - f);
-        if (!segs.empty() && segs.back().owner == q && segs.back().off + segs.back().len == off) {
+        if (!segs.empty() && segs.back().owner == q && segs.back().off + segs.back().len == off &&
+            segs.back().flat + segs.back().len == a) {
           segs.back().len += b - a;
         } else {
-          segs.push_back({off, b - a, q});
+          segs.push_back({off, b - a, q, a});
         }
       }
     }
     call = shards_->calls++;
+    update = shards_->update.on && buf.is_cpu();
+    if (!update) return true;
+    // Pieces, so the owner's update and sends pipeline with the sums.
+    std::vector<Segment> pieces;
+    for (const auto& sg : segs) {
+      for (int64_t k = 0; k < sg.len; k += kPiece) {
+        const int64_t n = std::min(kPiece, sg.len - k);
+        pieces.push_back({sg.off + k, n, sg.owner, sg.flat + k});
+      }
+    }
+    segs = std::move(pieces);
     return true;
   }
 
@@ -140,8 +233,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     // (segment, peer, received) for the segments this rank owns.
     std::vector<std::pair<size_t, at::Tensor>> received;
     for (size_t i = 0; i < segs.size(); ++i) {
-      // Tags are the same on every rank: buckets launch in one order.
-      const int tag = static_cast<int>(((call % 4096u) << 18) | (i & 0x3ffffu));
+      const int tag = tag_of(call, 0, i);
       at::Tensor part = buf.narrow(0, segs[i].off, segs[i].len);
       if (segs[i].owner != me) {
         std::vector<at::Tensor> t{part};
@@ -165,9 +257,103 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
       try {
         for (auto& w : works) ht::wait_work(w, timeout);
         // Peers in rank order: the same sum on every run.
-        for (auto& [i, t] : received) buf.narrow(0, segs[i].off, segs[i].len).add_(t);
+        for (auto& got : received) {
+          const Segment& sg = segs[got.first];
+          const at::Tensor& t = got.second;
+          at::Tensor g = buf.narrow(0, sg.off, sg.len);
+          serially(sg.len, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(t.narrow(0, k, n)); });
+        }
         if (!bucket.is_cpu()) bucket.copy_(buf);
         fut->markCompleted(c10::IValue(std::vector<at::Tensor>{bucket}));
+      } catch (...) {
+        fut->setError(std::current_exception());
+      }
+    }).detach();
+    return fut;
+  }
+
+  // The update in backward (CPU buckets): each piece's sums go to its
+  // owner, who adds them, updates the piece and sends the new values to
+  // every other rank; the others receive them straight into their
+  // parameters. The bucket's future completes when every piece is in, so
+  // backward returns with the step's update done everywhere.
+  c10::intrusive_ptr<c10::ivalue::Future> reduce_update_share(at::Tensor buf,
+                                                              std::vector<Segment> segs,
+                                                              uint32_t call) {
+    const int me = state_->getRank();
+    const int world = state_->getSize();
+    at::Tensor flat;
+    HtUpdate* u = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(shards_->mu);
+      flat = shards_->flat;
+      u = &shards_->update;
+    }
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    // For each piece this rank owns: (piece, the peers' sums in rank order).
+    std::vector<std::pair<size_t, std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>>>>
+        owned;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      at::Tensor part = buf.narrow(0, segs[i].off, segs[i].len);
+      if (segs[i].owner != me) {
+        std::vector<at::Tensor> t{part};
+        works.push_back(gloo_->send(t, segs[i].owner, tag_of(call, 0, i)));
+        std::vector<at::Tensor> r{flat.narrow(0, segs[i].flat, segs[i].len)};
+        works.push_back(gloo_->recv(r, segs[i].owner, tag_of(call, 1, i)));
+        continue;
+      }
+      std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sums;
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == me) continue;
+        std::vector<at::Tensor> t{at::empty_like(part)};
+        auto w = gloo_->recv(t, peer, tag_of(call, 0, i));
+        sums.emplace_back(std::move(w), t[0]);
+      }
+      owned.emplace_back(i, std::move(sums));
+    }
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    auto timeout = timeout_;
+    auto gloo = gloo_;
+    auto trace = trace_;
+    auto shards = shards_;
+    const int64_t params = params_;
+    std::thread([works = std::move(works), owned = std::move(owned), segs = std::move(segs), buf,
+                 flat, u, fut, timeout, gloo, trace, shards, params, me, world, call]() mutable {
+      try {
+        at::NoGradGuard no_grad;
+        for (auto& [i, sums] : owned) {
+          const auto& sg = segs[i];
+          at::Tensor g = buf.narrow(0, sg.off, sg.len);
+          for (auto& sum : sums) {
+            ht::wait_work(sum.first, timeout);
+            const at::Tensor& t = sum.second;
+            serially(sg.len, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(t.narrow(0, k, n)); });
+          }
+          at::Tensor p = flat.narrow(0, sg.flat, sg.len);
+          const int64_t at_state = sg.flat - u->own_lo;
+          at::Tensor m = u->m.narrow(0, at_state, sg.len);
+          at::Tensor v = u->adamw ? u->v.narrow(0, at_state, sg.len) : at::Tensor();
+          const int64_t t0 = steady_ns();
+          serially(sg.len, [&](int64_t k, int64_t n) {
+            apply_update(*u, p.narrow(0, k, n), g.narrow(0, k, n), m.narrow(0, k, n),
+                         v.defined() ? v.narrow(0, k, n) : v);
+          });
+          u->update_ns.fetch_add(steady_ns() - t0);
+          if (trace->ready.load() < params) u->early.fetch_add(1);
+          u->updated.fetch_add(sg.len);
+          for (int peer = 0; peer < world; ++peer) {
+            if (peer == me) continue;
+            std::vector<at::Tensor> t{p};
+            works.push_back(gloo->send(t, peer, tag_of(call, 1, i)));
+          }
+        }
+        for (auto& w : works) ht::wait_work(w, timeout);
+        int64_t got = 0;
+        for (const auto& sg : segs) {
+          if (sg.owner != me) got += sg.len;
+        }
+        u->received.fetch_add(got);
+        fut->markCompleted(c10::IValue(std::vector<at::Tensor>{buf}));
       } catch (...) {
         fut->setError(std::current_exception());
       }
@@ -180,6 +366,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::chrono::milliseconds timeout_;
   bool cuda_via_gloo_;
+  int64_t params_;
 };
 
 struct HtReducer {
@@ -243,7 +430,7 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
     r->shards = std::make_shared<HtShards>();
     r->reducer->register_comm_hook(
         std::make_unique<HtSumHook>(r->pg, r->trace, r->shards, g->gloo, g->timeout,
-                                    cuda_via_gloo));
+                                    cuda_via_gloo, static_cast<int64_t>(n)));
     // Count ready gradients (after the Reducer's own hook on each).
     auto trace = r->trace;
     for (auto& p : ps) {
@@ -312,13 +499,62 @@ int ht_reducer_set_shards(void* r, at::Tensor* flat, const int64_t* bounds, size
     std::lock_guard<std::mutex> lock(red->shards->mu);
     red->shards->bounds.clear();
     red->shards->base = nullptr;
+    red->shards->flat = at::Tensor();
+    red->shards->update.on = false;
     if (n == 0 || flat == nullptr) return;
     if (!flat->is_contiguous()) throw std::runtime_error("the flat parameter buffer is not contiguous");
     for (size_t q = 0; q < n; ++q) red->shards->bounds.emplace_back(bounds[2 * q], bounds[2 * q + 1]);
     red->shards->base = static_cast<const char*>(flat->const_data_ptr());
+    red->shards->flat = *flat;
     red->shards->numel = flat->numel();
     red->shards->elem = static_cast<int64_t>(flat->element_size());
   });
+}
+
+// The update in backward for the next backward (call before each): this
+// rank's state m (and v for AdamW) over the flat elements [own_lo, own_hi)
+// and the step's n coefficients (see HtUpdate). on = 0 turns it off.
+// Needs the shards set (ht_reducer_set_shards) and a CPU flat buffer.
+int ht_reducer_set_update(void* r, int on, int adamw, at::Tensor* m, at::Tensor* v,
+                          int64_t own_lo, int64_t own_hi, const double* c, size_t n, char* err,
+                          size_t err_len) {
+  return guarded(err, err_len, [&] {
+    auto red = static_cast<HtReducer*>(r);
+    std::lock_guard<std::mutex> lock(red->shards->mu);
+    auto& u = red->shards->update;
+    u.updated.store(0);
+    u.received.store(0);
+    u.early.store(0);
+    u.update_ns.store(0);
+    u.on = false;
+    if (!on) return;
+    if (red->shards->base == nullptr || !red->shards->flat.is_cpu())
+      throw std::runtime_error("the update in backward needs the optimizer shards on the CPU");
+    const size_t want = adamw ? 8 : 3;
+    if (n != want || m == nullptr || (adamw && v == nullptr))
+      throw std::runtime_error("the update in backward got the wrong optimizer state");
+    if (m->numel() != own_hi - own_lo || (adamw && v->numel() != own_hi - own_lo))
+      throw std::runtime_error("the optimizer state does not cover this rank's elements");
+    u.adamw = adamw != 0;
+    u.m = *m;
+    u.v = adamw ? *v : at::Tensor();
+    u.own_lo = own_lo;
+    u.own_hi = own_hi;
+    u.c.assign(c, c + n);
+    u.on = true;
+  });
+}
+
+// What the last backward's update did: elements updated here, elements
+// received from their owners, pieces updated before backward ended, and
+// nanoseconds spent updating.
+void ht_reducer_updated(void* r, int64_t* updated, int64_t* received, int64_t* early,
+                        int64_t* update_ns) {
+  auto red = static_cast<HtReducer*>(r);
+  *updated = red->shards->update.updated.load();
+  *received = red->shards->update.received.load();
+  *early = red->shards->update.early.load();
+  *update_ns = red->shards->update.update_ns.load();
 }
 
 void ht_reducer_destroy(void* r) {

@@ -12,8 +12,8 @@
 # rank kept at 1 sample and against rank 0 training alone.
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
-#      HETEROTRAIN_PYTHON (python with torch 2.11), ONLY=ddp (the first
-#      table alone: ours vs DDP)
+#      HETEROTRAIN_PYTHON (python with torch 2.11), ONLY=ddp (the first two
+#      tables alone: ours vs DDP, the update inside vs after backward)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -86,6 +86,11 @@ echo "ours vs PyTorch DDP (2 ranks, $threads thread(s) each, $runs interleaved p
 printf '| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
 paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ddp resnet18 64 15 3"
 paired "mlp (hidden 512), 256" "ours mlp 256 100 5 --hidden 512" "ddp mlp 256 100 5 --hidden 512"
+echo
+echo "the sharded update inside backward (the default) vs after it (ours, $runs interleaved pairs)"
+printf '| model, global batch | inside samples/s | after samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --update-after-backward"
+paired "mlp (hidden 512), 256" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --update-after-backward"
 [ "${ONLY:-}" = ddp ] && exit 0
 echo
 echo "synchronised BatchNorm vs per-rank (ours, resnet18, global batch 64, $runs interleaved pairs)"

@@ -15,6 +15,8 @@ pub struct StepTimings {
     pub forward_seconds: f64,
     pub backward_seconds: f64,
     pub allreduce_seconds: f64,
+    /// The update of this rank's shard; when it runs inside backward, the
+    /// time the comm hook's threads spent on it (overlapped with backward).
     pub optimizer_seconds: f64,
 }
 
@@ -56,6 +58,10 @@ pub struct StepRecord {
     /// produced every gradient (communication overlapped with compute).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlapped_buckets: Option<usize>,
+    /// With the update inside backward: pieces of this rank's shard updated
+    /// (and sent) before backward had produced every gradient.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_in_backward: Option<i64>,
     /// Parameter elements this rank's optimizer updated (its shard).
     pub optimizer_elements: i64,
     /// Wall-clock time the step ended (Unix seconds).

@@ -81,8 +81,8 @@ impl Optimizer {
     /// Element-wise, so a range updates exactly as in the whole update.
     pub fn step(&mut self, flat: &FlatParams, lr: f64) {
         let _guard = tch::no_grad_guard();
+        let c = self.coefficients(lr);
         self.steps += 1;
-        let t = self.steps as i32;
         for piece in flat.pieces(self.range) {
             let full = flat.param(piece.param).grad();
             if !full.defined() {
@@ -98,45 +98,69 @@ impl Optimizer {
                 .v
                 .as_ref()
                 .map(|v| v.narrow(0, piece.in_range, piece.len));
-            self.update(p, g, m, v, lr, t);
+            self.update(p, g, m, v, &c);
         }
     }
 
-    fn update(
-        &self,
-        mut p: Tensor,
-        mut g: Tensor,
-        mut m: Tensor,
-        v: Option<Tensor>,
-        lr: f64,
-        t: i32,
-    ) {
-        match (self.kind, v) {
-            (OptimizerKind::Adamw, Some(mut v)) => {
+    /// The scalars of the next update (step `steps + 1`) at learning rate
+    /// `lr`, in the order [`Optimizer::update`] uses them. The update run
+    /// inside backward (the C++ shim) applies the same ops with the same
+    /// scalars, so both give the same result bit for bit. SGD: weight
+    /// decay, momentum, −lr. AdamW: 1 − lr·wd, β1, 1 − β1, β2, 1 − β2,
+    /// 1 − β2ᵗ, ε, −lr / (1 − β1ᵗ).
+    pub fn coefficients(&self, lr: f64) -> Vec<f64> {
+        let t = (self.steps + 1) as i32;
+        match self.kind {
+            OptimizerKind::Adamw => {
                 let bc1 = 1.0 - self.beta1.powi(t);
                 let bc2 = 1.0 - self.beta2.powi(t);
+                vec![
+                    1.0 - lr * self.weight_decay,
+                    self.beta1,
+                    1.0 - self.beta1,
+                    self.beta2,
+                    1.0 - self.beta2,
+                    bc2,
+                    self.eps,
+                    -lr / bc1,
+                ]
+            }
+            OptimizerKind::Sgd => vec![self.weight_decay, self.momentum, -lr],
+        }
+    }
+
+    /// What an update inside backward needs: whether it is AdamW, the
+    /// state tensors and the range they cover.
+    pub fn state_for_backward(&self) -> (bool, &Tensor, Option<&Tensor>, (i64, i64)) {
+        (
+            self.kind == OptimizerKind::Adamw,
+            &self.m,
+            self.v.as_ref(),
+            self.range,
+        )
+    }
+
+    fn update(&self, mut p: Tensor, mut g: Tensor, mut m: Tensor, v: Option<Tensor>, c: &[f64]) {
+        match (self.kind, v) {
+            (OptimizerKind::Adamw, Some(mut v)) => {
                 if self.weight_decay != 0.0 {
-                    let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
+                    let _ = p.g_mul_scalar_(c[0]);
                 }
-                let _ = m
-                    .g_mul_scalar_(self.beta1)
-                    .g_add_(&(&g * (1.0 - self.beta1)));
-                let _ = v
-                    .g_mul_scalar_(self.beta2)
-                    .g_add_(&(&g * &g * (1.0 - self.beta2)));
-                let denom = (&v / bc2).sqrt() + self.eps;
-                let _ = p.g_add_(&(&m / &denom * (-lr / bc1)));
+                let _ = m.g_mul_scalar_(c[1]).g_add_(&(&g * c[2]));
+                let _ = v.g_mul_scalar_(c[3]).g_add_(&(&g * &g * c[4]));
+                let denom = (&v / c[5]).sqrt() + c[6];
+                let _ = p.g_add_(&(&m / &denom * c[7]));
             }
             _ => {
-                if self.weight_decay != 0.0 {
-                    g = &g + &p * self.weight_decay;
+                if c[0] != 0.0 {
+                    g = &g + &p * c[0];
                 }
-                if self.momentum != 0.0 {
+                if c[1] != 0.0 {
                     // m starts at 0, so the first step gives m = g (PyTorch's rule).
-                    let _ = m.g_mul_scalar_(self.momentum).g_add_(&g);
-                    let _ = p.g_add_(&(&m * -lr));
+                    let _ = m.g_mul_scalar_(c[1]).g_add_(&g);
+                    let _ = p.g_add_(&(&m * c[2]));
                 } else {
-                    let _ = p.g_add_(&(g * -lr));
+                    let _ = p.g_add_(&(g * c[2]));
                 }
             }
         }

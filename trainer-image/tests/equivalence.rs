@@ -308,6 +308,17 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
             .map(|r| steps(&log_records(&out, r)).into_iter().cloned().collect())
             .collect();
         let field = |r: usize, i: usize, k: &str| logs[r][i][k].as_u64().unwrap();
+        // The update ran inside backward (the default) at every step of
+        // every rank once the first plan was agreed, re-split included.
+        for (r, log) in logs.iter().enumerate() {
+            for s in &log[1..] {
+                assert!(
+                    s["updated_in_backward"].is_u64(),
+                    "{opt}: rank {r} step {} updated after backward",
+                    s["step"]
+                );
+            }
+        }
         // Crossed an epoch boundary and switched plans before the end.
         assert!(
             logs[0].iter().any(|s| s["epoch"] == 1),

@@ -2,6 +2,8 @@
 //! gradient all-reduce, gradient buckets are launched while backward still
 //! has gradients to produce. An ordering check (how many gradients were
 //! ready when each bucket's all-reduce started), not a timing threshold.
+//! The sharded update runs inside backward too, with the same result bit
+//! for bit as after it.
 
 mod common;
 
@@ -55,5 +57,108 @@ fn gradient_buckets_start_before_backward_ends() {
                 s["step"]
             );
         }
+    }
+}
+
+/// Two ranks, B 512 split equally: rank 1 owns the mlp's last layers,
+/// whose gradients come first (the first bucket), and updates pieces of
+/// them while backward still computes the first layer's large gradient.
+/// Counted per step by the ranks (`updated_in_backward`: pieces updated
+/// before the last gradient was ready), not timed.
+#[test]
+fn the_sharded_update_runs_inside_backward() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut a = args(&[
+        "--model",
+        "mlp",
+        "--hidden",
+        "512",
+        "--dataset",
+        "synthetic_image",
+        "--synthetic-samples",
+        "1024",
+        "--batch-size",
+        "512",
+        "--max-steps",
+        "6",
+        "--threads",
+        "1",
+        "--no-profile",
+    ]);
+    a.extend(path_arg("--output-dir", &out));
+    run_ok(2, &a);
+    let early: Vec<Vec<u64>> = (0..2)
+        .map(|r| {
+            steps(&log_records(&out, r))
+                .iter()
+                .skip(1)
+                .map(|s| {
+                    s["updated_in_backward"]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("rank {r}: updated after backward: {s}"))
+                })
+                .collect()
+        })
+        .collect();
+    assert!(
+        early[1].iter().any(|&n| n >= 1),
+        "rank 1 never updated a piece before backward ended: {early:?}"
+    );
+}
+
+/// The update inside backward and the one after it (`--update-after-backward`)
+/// give the same parameters bit for bit: SGD with momentum and weight decay,
+/// and AdamW, two ranks with unequal shards (40 / 24).
+#[test]
+fn the_update_inside_backward_equals_the_update_after_it() {
+    for opt in ["sgd", "adamw"] {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = dir.path().join("plan.json");
+        write_plan(&plan, 0, &[40, 24]);
+        let run = |name: &str, extra: &[&str]| {
+            let out = dir.path().join(name);
+            let mut a = args(&[
+                "--model",
+                "mlp",
+                "--hidden",
+                "256",
+                "--dataset",
+                "synthetic_image",
+                "--synthetic-samples",
+                "512",
+                "--batch-size",
+                "64",
+                "--max-steps",
+                "8",
+                "--optimizer",
+                opt,
+                "--lr",
+                "0.01",
+                "--weight-decay",
+                "0.01",
+                "--threads",
+                "1",
+                "--deterministic",
+                "--no-profile",
+            ]);
+            a.extend(args(extra));
+            a.extend(path_arg("--output-dir", &out));
+            a.extend(path_arg("--plan-file", &plan));
+            run_ok(2, &a);
+            let inside = steps(&log_records(&out, 0))
+                .last()
+                .map(|s| s["updated_in_backward"].is_u64());
+            (load_weights(&out.join("model.safetensors")), inside)
+        };
+        let (inside, was_inside) = run("inside", &[]);
+        let (after, was_after) = run("after", &["--update-after-backward"]);
+        assert_eq!(
+            was_inside,
+            Some(true),
+            "{opt}: the default ran after backward"
+        );
+        assert_eq!(was_after, Some(false), "{opt}: the flag was ignored");
+        assert_eq!(max_abs_diff(&inside, &after), 0.0, "{opt}");
     }
 }

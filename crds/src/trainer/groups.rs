@@ -112,6 +112,14 @@ pub struct OptimArgs {
     /// The result is the same either way.
     #[arg(long, value_enum, default_value = "proportional", env = env::OPTIMIZER_SHARDING)]
     pub optimizer_sharding: OptimizerSharding,
+    /// Run the sharded optimizer update after backward, as one pass
+    /// followed by the owners' broadcasts, instead of inside backward
+    /// (where each owner updates a piece of the parameters as soon as its
+    /// gradient sums arrive and sends the new values while backward goes
+    /// on). The result is the same; inside backward is faster. CPU ranks
+    /// only: a gang with a CUDA rank updates after backward.
+    #[arg(long)]
+    pub update_after_backward: bool,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,

@@ -116,6 +116,27 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ht_reducer_set_update(
+        r: *mut c_void,
+        on: c_int,
+        adamw: c_int,
+        m: *mut c_void,
+        v: *mut c_void,
+        own_lo: i64,
+        own_hi: i64,
+        c: *const f64,
+        n: usize,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_reducer_updated(
+        r: *mut c_void,
+        updated: *mut i64,
+        received: *mut i64,
+        early: *mut i64,
+        update_ns: *mut i64,
+    );
     pub(super) fn ht_autograd_collective_ns() -> i64;
     pub(super) fn ht_reducer_destroy(r: *mut c_void);
     pub(super) fn ht_set_deterministic(on: c_int);

@@ -15,7 +15,7 @@ mod reducer;
 mod slot;
 
 use ffi::*;
-pub use reducer::{Reducer, ReducerTrace};
+pub use reducer::{Reducer, ReducerTrace, UpdateDone, UpdateInBackward};
 pub use slot::{autograd_collective_seconds, GroupSlot, SlotBinding};
 
 /// Turn ATen's deterministic-algorithms switch on or off.

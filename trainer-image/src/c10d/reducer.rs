@@ -34,7 +34,103 @@ impl ReducerTrace {
     }
 }
 
+/// The optimizer state and coefficients for an update run inside backward
+/// (see [`Reducer::set_update`]).
+pub struct UpdateInBackward<'t> {
+    pub adamw: bool,
+    /// This rank's state over its range `own` of the flat buffer.
+    pub m: &'t Tensor,
+    pub v: Option<&'t Tensor>,
+    pub own: (i64, i64),
+    /// The step's coefficients ([`crate::optim::Optimizer::coefficients`]).
+    pub coefficients: Vec<f64>,
+}
+
+/// What the last backward's in-backward update did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UpdateDone {
+    /// Elements this rank updated.
+    pub updated: i64,
+    /// Elements received, already updated, from their owners.
+    pub received: i64,
+    /// Pieces updated while backward still had gradients to produce.
+    pub early: i64,
+    /// Seconds spent updating (on the comm hook's threads).
+    pub seconds: f64,
+}
+
 impl Reducer<'_> {
+    /// Run the next backward's optimizer update inside it (needs shards,
+    /// [`Reducer::set_shards`], on the CPU): each owner updates a piece
+    /// of a bucket as soon as its sums arrive and sends the new values to
+    /// the other ranks. `None` turns it off. Call before every backward.
+    pub fn set_update(&self, update: Option<UpdateInBackward<'_>>) -> Result<()> {
+        let r = self.handle;
+        let Some(u) = update else {
+            // SAFETY: r is a live Reducer; off needs no pointers.
+            return self.pg.call("reducer", |err| unsafe {
+                ht_reducer_set_update(
+                    r,
+                    0,
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                    0,
+                    std::ptr::null(),
+                    0,
+                    err,
+                    ERR_LEN,
+                )
+            });
+        };
+        let mut m = u.m.shallow_clone();
+        let mut v = u.v.map(Tensor::shallow_clone);
+        let mp = m.as_mut_ptr() as *mut c_void;
+        let vp = v
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |t| t.as_mut_ptr() as *mut c_void);
+        let c = u.coefficients;
+        // SAFETY: r is a live Reducer; mp and vp live tensors (or null);
+        // c holds c.len() values.
+        self.pg.call("reducer", |err| unsafe {
+            ht_reducer_set_update(
+                r,
+                1,
+                c_int::from(u.adamw),
+                mp,
+                vp,
+                u.own.0,
+                u.own.1,
+                c.as_ptr(),
+                c.len(),
+                err,
+                ERR_LEN,
+            )
+        })
+    }
+
+    /// What the last backward's in-backward update did.
+    pub fn updated(&self) -> UpdateDone {
+        let (mut updated, mut received, mut early, mut ns) = (0i64, 0i64, 0i64, 0i64);
+        // SAFETY: r is a live Reducer; the outputs are valid i64s.
+        unsafe {
+            ht_reducer_updated(
+                self.handle,
+                &mut updated,
+                &mut received,
+                &mut early,
+                &mut ns,
+            )
+        };
+        UpdateDone {
+            updated,
+            received,
+            early,
+            seconds: ns.max(0) as f64 * 1e-9,
+        }
+    }
+
     /// Call before every forward (rebuilds buckets after the first step).
     pub fn prepare_forward(&self) -> Result<()> {
         let r = self.handle;

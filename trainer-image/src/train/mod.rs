@@ -84,6 +84,9 @@ struct Trainer<'a> {
     reducer: Option<Reducer<'a>>,
     /// Synchronised BatchNorm's link to the team's group.
     bound: Option<SlotBinding<'a>>,
+    /// The team agreed to run the sharded update inside backward (every
+    /// member on the CPU, none asked for `--update-after-backward`).
+    update_in_backward: bool,
     opt: Optimizer,
     /// Who updates which parameters; follows the plan.
     layout: Layout,
@@ -127,6 +130,7 @@ impl<'a> Trainer<'a> {
             team: Team::new(pg, subgroups, cfg.dist.world_size),
             reducer: None,
             bound: None,
+            update_in_backward: false,
             opt: Optimizer::new(&cfg.optim, &p.flat, layout.own(cfg.dist.rank)),
             layout,
             plan: plans.plan,
@@ -165,8 +169,15 @@ impl<'a> Trainer<'a> {
     fn regroup(&mut self, members: Vec<usize>) -> Result<()> {
         self.reducer = None;
         self.bound = None;
+        self.update_in_backward = false;
         self.team.switch(self.cfg.dist.rank, members)?;
         if let Some(g) = self.team.group() {
+            // Every member must take the same path (the messages differ):
+            // one small sum of "cannot" votes.
+            let able = !self.cfg.optim.update_after_backward && self.p.flat.device() == Device::Cpu;
+            let mut votes = Tensor::from_slice(&[i64::from(!able)]);
+            g.all_reduce_sum_async(&mut votes)?.wait()?;
+            self.update_in_backward = votes.int64_value(&[0]) == 0;
             let bucket = self.cfg.dist.bucket_mib.max(1) << 20;
             self.reducer =
                 Some(g.reducer(&self.p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use heterotrain_crds::BatchPlan;
 use tch::Tensor;
 
-use crate::c10d::{self, PendingWork};
+use crate::c10d::{self, PendingWork, UpdateDone, UpdateInBackward};
 use crate::control;
 use crate::error::{Result, TrainerError};
 use crate::log::{StepRecord, StepTimings};
@@ -26,6 +26,8 @@ struct Pass<'a> {
     word_work: Option<PendingWork<'a>>,
     /// (buckets launched before backward ended, buckets).
     overlap: Option<(usize, usize)>,
+    /// The update ran inside backward: what it did.
+    updated: Option<UpdateDone>,
 }
 
 impl<'a> Trainer<'a> {
@@ -132,7 +134,8 @@ impl<'a> Trainer<'a> {
         let t1 = Instant::now();
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
-        let pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop)?;
+        let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
+        let pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop, lr)?;
         if let Some(w) = pass.word_work {
             w.wait()?;
         }
@@ -149,9 +152,10 @@ impl<'a> Trainer<'a> {
         // was not local compute, plus the final waits.
         tm.allreduce_seconds =
             (t1.elapsed().as_secs_f64() - tm.forward_seconds - tm.backward_seconds).max(0.0);
-        let lr = self.update(&mut tm)?;
+        self.update(&mut tm, lr, pass.updated)?;
         self.step += 1;
-        self.record(started, tm, pass.local_loss, global_loss, lr, pass.overlap)
+        let done = (pass.overlap, pass.updated);
+        self.record(started, tm, pass.local_loss, global_loss, lr, done)
     }
 
     /// A step of a rank the plan leaves out: no data, no compute, no part
@@ -179,7 +183,7 @@ impl<'a> Trainer<'a> {
         };
         let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         self.step += 1;
-        self.record(started, tm, global_loss, global_loss, lr, None)
+        self.record(started, tm, global_loss, global_loss, lr, (None, None))
     }
 
     /// Start an asynchronous SUM all-reduce of `t` (none without a group).
@@ -198,6 +202,7 @@ impl<'a> Trainer<'a> {
         tm: &mut StepTimings,
         proposed: &BatchPlan,
         stop: &AtomicBool,
+        lr: f64,
     ) -> Result<Pass<'a>> {
         let device = self.p.device;
         let waited0 = c10d::autograd_collective_seconds();
@@ -237,7 +242,20 @@ impl<'a> Trainer<'a> {
         // With a group, PyTorch's Reducer SUM-all-reduces gradient buckets
         // while backward still runs; they are reduced when it returns.
         let scaled = &loss * scale;
+        let in_backward = self.reducer.is_some()
+            && self.update_in_backward
+            && matches!(self.layout, Layout::Sharded { .. });
         if let Some(r) = &self.reducer {
+            r.set_update(in_backward.then(|| {
+                let (adamw, m, v, own) = self.opt.state_for_backward();
+                UpdateInBackward {
+                    adamw,
+                    m,
+                    v,
+                    own,
+                    coefficients: self.opt.coefficients(lr),
+                }
+            }))?;
             r.prepare_backward(&scaled)?;
         }
         scaled.f_backward().map_err(|e| TrainerError::Collective {
@@ -257,15 +275,37 @@ impl<'a> Trainer<'a> {
             word,
             word_work,
             overlap: trace.map(|t| (t.overlapped_launches(), t.ready_at_launch.len())),
+            updated: self
+                .reducer
+                .as_ref()
+                .filter(|_| in_backward)
+                .map(|r| r.updated()),
         })
     }
 
     /// This rank's share of the update, then the owners' broadcasts (their
-    /// wait counts as communication). Returns the learning rate used.
-    fn update(&mut self, tm: &mut StepTimings) -> Result<f64> {
+    /// wait counts as communication); or, where backward ran the update
+    /// (`updated`), only the check that it covered every element.
+    fn update(&mut self, tm: &mut StepTimings, lr: f64, updated: Option<UpdateDone>) -> Result<()> {
+        if let Some(done) = updated {
+            let (lo, hi) = self.opt.range();
+            let total = self.p.flat.len();
+            if done.updated != hi - lo || done.updated + done.received != total {
+                return Err(TrainerError::Collective {
+                    op: "update",
+                    msg: format!(
+                        "the update in backward covered {} own and {} received of {} elements \
+                         (own range {lo}..{hi}); rerun with --update-after-backward",
+                        done.updated, done.received, total
+                    ),
+                });
+            }
+            self.opt.skip();
+            tm.optimizer_seconds = done.seconds;
+            return Ok(());
+        }
         let device = self.p.device;
         let t4 = Instant::now();
-        let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         self.opt.step(&self.p.flat, lr);
         sync_device(device);
         let t5 = Instant::now();
@@ -276,7 +316,7 @@ impl<'a> Trainer<'a> {
             .share_among(team.0, team.1, &flat.range((0, flat.len())))?;
         sync_device(device);
         tm.allreduce_seconds += t5.elapsed().as_secs_f64();
-        Ok(lr)
+        Ok(())
     }
 
     /// The step's log line, metrics and balancer sample.
@@ -287,7 +327,7 @@ impl<'a> Trainer<'a> {
         local_loss: f64,
         global_loss: f64,
         lr: f64,
-        overlap: Option<(usize, usize)>,
+        (overlap, updated): (Option<(usize, usize)>, Option<UpdateDone>),
     ) -> Result<()> {
         let (b_local, b_global) = (self.local_batch(), self.plan.global_batch_size);
         // Includes the step-boundary agreement.
@@ -316,6 +356,7 @@ impl<'a> Trainer<'a> {
             invalid_plans: self.gate.invalid_plans,
             buckets: overlap.map(|o| o.1),
             overlapped_buckets: overlap.map(|o| o.0),
+            updated_in_backward: updated.map(|u| u.early),
             optimizer_elements: hi - lo,
             unix_seconds: crate::log::unix_seconds(),
         });
