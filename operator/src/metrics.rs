@@ -23,6 +23,19 @@ pub struct PolicyLabel {
     pub policy: String,
 }
 
+/// Label set of the per-namespace lifecycle counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespacePhaseLabel {
+    pub namespace: String,
+    pub phase: String,
+}
+
+/// Label set of the per-namespace restart counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
 /// Every metric the operator exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -33,6 +46,10 @@ pub struct Metrics {
     pub plan_propagation: Histogram,
     pub scrape_failures: Counter,
     pub leader: Gauge,
+    /// Jobs entering a phase, by namespace (bounded: namespaces × 5).
+    pub phase_transitions: Family<NamespacePhaseLabel, Counter>,
+    /// Gang restarts counted toward backoffLimit, by namespace.
+    pub restarts: Family<NamespaceLabel, Counter>,
     registry: Arc<Mutex<Registry>>,
 }
 
@@ -98,6 +115,20 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            phase_transitions: add(
+                reg,
+                "job_phase_transitions",
+                "Jobs entering a phase (Pending, Running, Succeeded, Failed, Suspended), by namespace; counted when the status write lands",
+                None,
+                Family::default(),
+            ),
+            restarts: add(
+                reg,
+                "gang_restarts",
+                "Gang restarts counted toward backoffLimit, by namespace",
+                None,
+                Family::default(),
+            ),
             registry: Arc::new(Mutex::new(root)),
         }
     }
@@ -117,6 +148,27 @@ impl Metrics {
         ReconcileTimer {
             start: Instant::now(),
             histogram: self.reconcile_duration.clone(),
+        }
+    }
+
+    /// Count a job entering `phase` in `namespace`.
+    pub fn entered(&self, namespace: &str, phase: &str) {
+        self.phase_transitions
+            .get_or_create(&NamespacePhaseLabel {
+                namespace: namespace.to_string(),
+                phase: phase.to_string(),
+            })
+            .inc();
+    }
+
+    /// Count `n` gang restarts in `namespace`.
+    pub fn restarted(&self, namespace: &str, n: u32) {
+        if n > 0 {
+            self.restarts
+                .get_or_create(&NamespaceLabel {
+                    namespace: namespace.to_string(),
+                })
+                .inc_by(u64::from(n));
         }
     }
 
@@ -169,12 +221,18 @@ mod tests {
             let _t = m.reconcile_timer();
         }
         m.error("kube");
+        m.entered("team-a", "Failed");
+        m.restarted("team-a", 2);
+        m.restarted("team-b", 0);
         let text = m.encode();
+        assert!(!text.contains("team-b"), "no restart, no series:\n{text}");
         for name in [
             "heterotrain_operator_reconciles_total 1",
             "heterotrain_operator_reconcile_errors_total{reason=\"kube\"} 1",
             "heterotrain_operator_reconcile_duration_seconds_count 1",
             "heterotrain_operator_plan_propagation_seconds_count 0",
+            "heterotrain_operator_job_phase_transitions_total{namespace=\"team-a\",phase=\"Failed\"} 1",
+            "heterotrain_operator_gang_restarts_total{namespace=\"team-a\"} 2",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

@@ -97,6 +97,8 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         status
             .write(status::next(&v, &d, &obs, &extras, &Time(now)))
             .await?;
+        ctx.metrics
+            .restarted(&v.namespace, d.restarts.saturating_sub(v.gang()));
     }
     let written = match apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await {
         Ok(w) => {
@@ -134,6 +136,10 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     let patched = status
         .write(status::next(&v, &d, &obs, &extras, &Time(now)))
         .await?;
+    let was = v.job.status.as_ref().and_then(|s| s.phase.as_deref());
+    if was != Some(d.phase.as_str()) {
+        ctx.metrics.entered(&v.namespace, d.phase.as_str());
+    }
     tracing::debug!(
         fetch_ms = t_fetch.as_millis() as u64,
         apply_ms = (t_apply - t_fetch).as_millis() as u64,

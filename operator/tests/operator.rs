@@ -481,11 +481,32 @@ async fn active_deadline_fails_the_job() {
         .await;
     assert_eq!(reason, "DeadlineExceeded");
     assert!(message.contains("activeDeadlineSeconds 3"));
+    // The lifecycle counter the chart's HeteroTrainJobFailed alert reads.
+    assert!(
+        entered(&op, &env.ns, "Failed") >= 1.0,
+        "{}",
+        op.ctx.metrics.encode()
+    );
     eventually(Duration::from_secs(20), "pods deleted", || async {
         pods(&env, "slowpoke").await.is_empty().then_some(())
     })
     .await;
     op.stop().await;
+}
+
+/// `heterotrain_operator_job_phase_transitions_total` for `ns` and `phase`
+/// (0 without a series).
+fn entered(op: &Operator, ns: &str, phase: &str) -> f64 {
+    let series = format!(
+        "heterotrain_operator_job_phase_transitions_total{{namespace=\"{ns}\",phase=\"{phase}\"}} "
+    );
+    op.ctx
+        .metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -515,6 +536,8 @@ async fn succeeded_job_is_deleted_after_its_ttl() {
     .await;
     let st = job.status.expect("status");
     assert_eq!(st.phase.as_deref(), Some("Succeeded"));
+    assert!(entered(&op, &env.ns, "Succeeded") >= 1.0);
+    assert_eq!(entered(&op, &env.ns, "Failed"), 0.0);
     let completed = st.completion_time.expect("completion time").0;
     eventually(Duration::from_secs(30), "job deleted by TTL", || async {
         get_job(&env, "done").await.is_none().then_some(())
