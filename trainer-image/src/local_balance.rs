@@ -29,22 +29,26 @@ pub struct RankReport {
     pub samples: u32,
     /// Compute seconds of the last step.
     pub last_compute_seconds: f64,
+    /// Mean whole step (compute + exposed communication) over the same
+    /// measured steps (0 when none): what leave-out trials compare.
+    pub mean_step_seconds: f64,
 }
 
-/// Accumulates a rank's compute times at one batch size.
+/// Accumulates a rank's compute and whole-step times at one batch size.
 #[derive(Clone, Debug, Default)]
 pub struct Interval {
     batch: u32,
     sum: f64,
+    step_sum: f64,
     n: u32,
     last: f64,
 }
 
 impl Interval {
-    /// One step's compute seconds at local batch `batch`; `measure` false
-    /// for warm-up steps (first of a run or of a plan), which are not
-    /// averaged.
-    pub fn record(&mut self, batch: u32, compute_seconds: f64, measure: bool) {
+    /// One step's compute seconds and whole step (compute + exposed
+    /// communication) at local batch `batch`; `measure` false for warm-up
+    /// steps (first of a run or of a plan), which are not averaged.
+    pub fn record(&mut self, batch: u32, compute_seconds: f64, step_seconds: f64, measure: bool) {
         self.last = compute_seconds;
         if batch != self.batch {
             *self = Interval {
@@ -55,6 +59,7 @@ impl Interval {
         }
         if measure && compute_seconds.is_finite() && compute_seconds > 0.0 {
             self.sum += compute_seconds;
+            self.step_sum += step_seconds.max(compute_seconds);
             self.n += 1;
         }
     }
@@ -69,12 +74,18 @@ impl Interval {
             },
             samples: self.n,
             last_compute_seconds: self.last,
+            mean_step_seconds: if self.n > 0 {
+                self.step_sum / f64::from(self.n)
+            } else {
+                0.0
+            },
         }
     }
 
     /// Start a new interval (after a balancing round).
     pub fn reset(&mut self) {
         self.sum = 0.0;
+        self.step_sum = 0.0;
         self.n = 0;
     }
 }
@@ -87,6 +98,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
         mine.mean_compute_seconds,
         f64::from(mine.samples),
         mine.last_compute_seconds,
+        mine.mean_step_seconds,
     ]);
     let outs = pg.all_gather(&t)?;
     Ok(outs
@@ -99,6 +111,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
                 mean_compute_seconds: at(1),
                 samples: at(2).max(0.0) as u32,
                 last_compute_seconds: at(3),
+                mean_step_seconds: at(4),
             }
         })
         .collect())
@@ -188,12 +201,32 @@ impl LocalBalancer {
 
     /// One round: feed the reports, decide against `current`; a new plan
     /// (generation + 1) when the balancer finds one worth switching to.
+    /// Like the operator's policies, it also feeds each rank's whole step
+    /// and exposed communication, so a rank whose share of the exchange
+    /// costs the gang more than its samples save is tried without and
+    /// left out (batch 0) when the gang measures faster so — and a
+    /// left-out rank is re-admitted for measurement now and then.
     pub fn round(&mut self, reports: &[RankReport], current: &BatchPlan) -> Option<BatchPlan> {
         for (r, rep) in reports.iter().enumerate() {
-            if rep.samples > 0 && rep.batch > 0 {
+            if rep.batch == 0 {
+                let _ = self.inner.observe_idle(r);
+                continue;
+            }
+            if rep.samples > 0 {
                 let _ = self
                     .inner
                     .observe_step(r, rep.batch, rep.mean_compute_seconds);
+                if rep.mean_step_seconds > 0.0 {
+                    let comm = (rep.mean_step_seconds - rep.mean_compute_seconds).max(0.0);
+                    let _ = self.inner.observe_communication(r, comm);
+                    // The mean of `samples` measured steps counts as that
+                    // many (the balancer wants a few per decision).
+                    for _ in 0..rep.samples.min(16) {
+                        let _ = self
+                            .inner
+                            .observe_step_time(r, rep.batch, rep.mean_step_seconds);
+                    }
+                }
             }
         }
         match self.inner.decide(&current.batch_sizes) {
@@ -257,13 +290,14 @@ mod tests {
     #[test]
     fn interval_averages_measured_steps_at_one_batch() {
         let mut i = Interval::default();
-        i.record(8, 0.5, false);
-        i.record(8, 0.2, true);
-        i.record(8, 0.4, true);
+        i.record(8, 0.5, 0.7, false);
+        i.record(8, 0.2, 0.3, true);
+        i.record(8, 0.4, 0.5, true);
         let r = i.report();
         assert_eq!((r.batch, r.samples), (8, 2));
         assert!((r.mean_compute_seconds - 0.3).abs() < 1e-12);
-        i.record(12, 0.6, true);
+        assert!((r.mean_step_seconds - 0.4).abs() < 1e-12);
+        i.record(12, 0.6, 0.6, true);
         assert_eq!(i.report().samples, 1);
         assert_eq!(i.report().batch, 12);
     }
@@ -300,18 +334,61 @@ mod tests {
                 mean_compute_seconds: 0.1,
                 samples: 5,
                 last_compute_seconds: 0.1,
+                mean_step_seconds: 0.3,
             },
             RankReport {
                 batch: 32,
                 mean_compute_seconds: 0.3,
                 samples: 5,
                 last_compute_seconds: 0.3,
+                mean_step_seconds: 0.3,
             },
         ];
         let p = lb.round(&reps, &cur).expect("a new plan");
         assert_eq!(p.generation, 1);
         assert_eq!(p.batch_sizes.iter().sum::<u32>(), 64);
         assert!(p.batch_sizes[0] > 32, "{:?}", p.batch_sizes);
+    }
+
+    /// Rank 1's compute is small at its share, but every step it takes part
+    /// in lasts ten times the compute (its share of the exchange stalls):
+    /// the compute models alone keep it; the measured steps get it tried
+    /// without and left out, as the operator's policies do.
+    #[test]
+    fn local_round_leaves_out_a_rank_whose_steps_cost_more_than_it_brings() {
+        let cfg = test_cfg();
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
+        let mut cur = BatchPlan::equal(0, 64, 2);
+        let report = |b: u32, per_sample: f64, step: f64| RankReport {
+            batch: b,
+            mean_compute_seconds: 0.002 + per_sample * f64::from(b),
+            samples: if b > 0 { 5 } else { 0 },
+            last_compute_seconds: 0.002 + per_sample * f64::from(b),
+            mean_step_seconds: step,
+        };
+        let mut left_out_at = None;
+        for round in 0..60 {
+            let b = &cur.batch_sizes;
+            let with_rank_1 = b[1] > 0;
+            // Alone, rank 0's step is its compute; with rank 1, 0.5 s.
+            let step0 = if with_rank_1 {
+                0.5
+            } else {
+                0.002 + 0.001 * f64::from(b[0])
+            };
+            let reps = [
+                report(b[0], 0.001, step0),
+                report(b[1], 0.002, if with_rank_1 { 0.5 } else { 0.0 }),
+            ];
+            if let Some(p) = lb.round(&reps, &cur) {
+                cur = p;
+            }
+            if cur.batch_sizes[1] == 0 && left_out_at.is_none() {
+                left_out_at = Some(round);
+            }
+        }
+        assert!(left_out_at.is_some(), "rank 1 never left out: {cur:?}");
+        assert_eq!(cur.batch_sizes, vec![64, 0], "{cur:?}");
     }
 
     fn test_cfg() -> crate::cli::TrainerArgs {

@@ -364,7 +364,7 @@ impl<'a> Trainer<'a> {
             .mx
             .observe_step(self.step, self.pos.epoch, b_local, &tm, step_s, local_loss);
         self.interval
-            .record(b_local, tm.compute_seconds(), !self.warm);
+            .record(b_local, tm.compute_seconds(), step_s, !self.warm);
         self.warm = false;
         self.global_loss = global_loss;
         if b_local > 0 && !global_loss.is_finite() {
