@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use heterotrain_crds::HeteroTrainingJob;
 use kube::runtime::events::{Recorder, Reporter};
@@ -27,12 +28,12 @@ pub struct Context {
     pub scraper: Scraper,
     /// Balancing state per job.
     pub(crate) rebalancer: Rebalancer,
-    /// Consecutive failed reconciles per job.
-    failures: Mutex<HashMap<JobKey, u32>>,
+    /// Consecutive failed reconciles per job (and when last counted).
+    failures: Mutex<HashMap<JobKey, (u32, Instant)>>,
     /// The last refusal reported per job (`CreateRefused`), so one refusal
     /// is one Event however many reconciles meet it before the status
-    /// that records it is read back.
-    refusals: Mutex<HashMap<JobKey, String>>,
+    /// that records it is read back (and when last met).
+    refusals: Mutex<HashMap<JobKey, (String, Instant)>>,
     /// The leader Lease's renewals (for `/healthz`).
     pub lease: LeaseHealth,
     /// The CRD was found (for `/readyz`).
@@ -90,9 +91,10 @@ impl Context {
         self.failures
             .lock()
             .map(|mut f| {
-                let n = f.entry(key).or_insert(0);
-                *n = n.saturating_add(1);
-                *n
+                forget_stale(&mut f, PER_JOB_MEMORY);
+                let e = f.entry(key).or_insert((0, Instant::now()));
+                *e = (e.0.saturating_add(1), Instant::now());
+                e.0
             })
             .unwrap_or(1)
     }
@@ -102,7 +104,11 @@ impl Context {
     pub(crate) fn refused(&self, key: &JobKey, message: &str) -> bool {
         self.refusals
             .lock()
-            .map(|mut r| r.insert(key.clone(), message.to_string()).as_deref() != Some(message))
+            .map(|mut r| {
+                forget_stale(&mut r, PER_JOB_MEMORY);
+                let was = r.insert(key.clone(), (message.to_string(), Instant::now()));
+                was.is_none_or(|(m, _)| m != message)
+            })
             .unwrap_or(true)
     }
 
@@ -114,5 +120,33 @@ impl Context {
     /// `key` reconciled: its failure count starts over.
     pub(crate) fn succeeded(&self, key: &JobKey) {
         self.failures.lock().map(|mut f| f.remove(key)).ok();
+    }
+}
+
+/// How long a job's failure count or refusal is kept without being met
+/// again. A job deleted while failing or refused is never reconciled again
+/// (nothing else would remove it); a live one meets its entry at every
+/// retry (at most every few minutes), so only deleted jobs' entries age out.
+pub(crate) const PER_JOB_MEMORY: Duration = Duration::from_secs(3600);
+
+/// Drop the entries of `map` not met for `ttl`.
+fn forget_stale<V>(map: &mut HashMap<JobKey, (V, Instant)>, ttl: Duration) {
+    map.retain(|_, (_, at)| at.elapsed() < ttl);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_not_met_for_the_ttl_are_forgotten() {
+        let key = |n: &str| JobKey::new("ns", n);
+        let mut m = HashMap::from([(key("a"), (1u32, Instant::now()))]);
+        std::thread::sleep(Duration::from_millis(300));
+        m.insert(key("b"), (2, Instant::now()));
+        forget_stale(&mut m, PER_JOB_MEMORY);
+        assert_eq!(m.len(), 2, "both met within the hour");
+        forget_stale(&mut m, Duration::from_millis(150));
+        assert_eq!(m.keys().collect::<Vec<_>>(), [&key("b")]);
     }
 }
