@@ -17,6 +17,33 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The job `name` in `ns`.
+pub async fn job(client: &Client, ns: &str, name: &str) -> Result<HeteroTrainingJob> {
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
+    jobs.get_opt(name)
+        .await
+        .with_context(|| format!("reading heterotrainingjob {ns}/{name}"))?
+        .with_context(|| format!("heterotrainingjob {name:?} not found in namespace {ns:?}"))
+}
+
+/// The jobs of `ns` (every namespace: `None`), by namespace and name.
+pub async fn jobs(client: &Client, ns: Option<&str>) -> Result<Vec<HeteroTrainingJob>> {
+    let api: Api<HeteroTrainingJob> = match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let mut items = api
+        .list(&ListParams::default())
+        .await
+        .with_context(|| match ns {
+            Some(ns) => format!("listing heterotrainingjobs in namespace {ns:?}"),
+            None => "listing heterotrainingjobs in every namespace".to_string(),
+        })?
+        .items;
+    items.sort_by_key(|j| (j.namespace(), j.name_any()));
+    Ok(items)
+}
+
 /// One `Rebalanced` Event of a job: a plan decision.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RebalanceEvent {
@@ -109,12 +136,7 @@ fn event_time(e: &Event) -> Option<Timestamp> {
 
 /// Read the job `ns/name`, its pods, plan and `Rebalanced` Events.
 pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> {
-    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
-    let job = jobs
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading heterotrainingjob {ns}/{name}"))?
-        .with_context(|| format!("heterotrainingjob {name:?} not found in namespace {ns:?}"))?;
+    let job = job(client, ns, name).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pods = pods
         .list(&ListParams::default().labels(&labels::job_selector(name)))

@@ -17,12 +17,35 @@ struct Cli {
     /// Namespace of the job (default: the kubeconfig context's namespace).
     #[arg(short = 'n', long, global = true)]
     namespace: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the
+    /// in-cluster ServiceAccount).
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Kubeconfig context (default: the current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// The jobs of the namespace (or all, -A), as `kubectl get htj` shows
+    /// them; `-o wide` adds restarts, balance and the last decision.
+    #[command(visible_alias = "ls")]
+    List {
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: render::Output,
+    },
+    /// One job, as `list` shows it (`-o json`: the object itself).
+    Get {
+        job: String,
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: render::Output,
+    },
     /// Groups, ranks, nodes, batches, samples/s, plan generation, balance, last decisions.
     Status { job: String },
     /// `status`, redrawn every --interval seconds (Ctrl-C to leave).
@@ -53,6 +76,36 @@ enum Cmd {
     },
 }
 
+/// A client from `kubeconfig` (else the usual places) and `context` (else
+/// the current one).
+async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options).await
+        }
+        None if context.is_some() => kube::Config::from_kubeconfig(&options).await,
+        None => {
+            return kube::Client::try_default()
+                .await
+                .context("connecting to Kubernetes (KUBECONFIG / current context)")
+        }
+    }
+    .with_context(|| match context {
+        Some(c) => format!("kubeconfig context {c:?}"),
+        None => "kubeconfig".to_string(),
+    })?;
+    kube::Client::try_from(config).context("connecting to Kubernetes")
+}
+
 /// The job `job` in `ns`, fetched and drawn by `draw` as of now.
 async fn view(
     client: &kube::Client,
@@ -67,15 +120,31 @@ async fn view(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to Kubernetes (KUBECONFIG / current context)")?;
+    let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let ns = cli
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
     let mut stdout = std::io::stdout();
     match cli.command {
+        Cmd::List {
+            all_namespaces,
+            output,
+        } => {
+            let jobs = fetch::jobs(&client, (!all_namespaces).then_some(ns.as_str())).await?;
+            print!(
+                "{}",
+                render::jobs(&jobs, output, all_namespaces, Timestamp::now())
+            );
+        }
+        Cmd::Get { job, output } => {
+            let j = fetch::job(&client, &ns, &job).await?;
+            let text = match output {
+                render::Output::Json => format!("{}\n", serde_json::to_string_pretty(&j)?),
+                o => render::jobs(&[j], o, false, Timestamp::now()),
+            };
+            print!("{text}");
+        }
         Cmd::Status { job } => print!("{}", view(&client, &ns, &job, render::status).await?),
         Cmd::Top {
             job,

@@ -351,5 +351,73 @@ async fn status_top_plan_and_profile_show_the_job() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"nope\" not found"));
 
+    // `list` / `get`, like `kubectl get htj`: the printer columns.
+    let list = plugin(&cluster, &["-n", NS, "list"]);
+    let demo = row(&list, "NAME", "demo");
+    assert_eq!(
+        demo[..9],
+        ["demo", "Running", "3", "dynamic", "812.5", "2", "340", "34%", "52s"],
+        "{list}"
+    );
+    let wide = plugin(&cluster, &["-n", NS, "get", "demo", "-o", "wide"]);
+    assert_eq!(
+        row(&wide, "NAME", "demo")[10..],
+        ["0", "0", "Excellent (4.2%)", "dynamic: live speeds"],
+        "{wide}"
+    );
+    let all = plugin(&cluster, &["list", "-A"]);
+    assert_eq!(row(&all, "NAMESPACE", NS)[..2], [NS, "demo"], "{all}");
+    let empty = plugin(&cluster, &["-n", OPERATOR_NS, "ls"]);
+    assert_eq!(empty, "No HeteroTrainingJobs found.\n");
+    // -o json parses: the object itself, and a List for `list`.
+    let one: serde_json::Value =
+        serde_json::from_str(&plugin(&cluster, &["-n", NS, "get", "demo", "-o", "json"]))
+            .expect("get -o json is JSON");
+    assert_eq!(one["metadata"]["name"], "demo");
+    assert_eq!(one["status"]["step"], 340);
+    let many: serde_json::Value =
+        serde_json::from_str(&plugin(&cluster, &["list", "-A", "-o", "json"]))
+            .expect("list -o json is JSON");
+    assert_eq!(many["kind"], "List");
+    assert_eq!(many["items"][0]["metadata"]["namespace"], NS);
+
+    // --kubeconfig and --context instead of $KUBECONFIG.
+    let kubeconfig = cluster.kubeconfig_path();
+    let context = kube::config::Kubeconfig::read_from(&kubeconfig)
+        .expect("kubeconfig")
+        .current_context
+        .expect("a current context");
+    let path = kubeconfig.display().to_string();
+    let bare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env("HOME", "/nonexistent")
+            .output()
+            .unwrap()
+    };
+    let out = bare(&[
+        "--kubeconfig",
+        &path,
+        "--context",
+        &context,
+        "-n",
+        NS,
+        "list",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("demo"));
+    let out = bare(&["--kubeconfig", &path, "--context", "nope", "-n", NS, "list"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("context \"nope\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     cluster.stop();
 }

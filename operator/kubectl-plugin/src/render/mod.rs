@@ -1,12 +1,14 @@
 //! Text views of a job (pure: what was fetched in, text out), one module a
 //! command, and the cell formats they share.
 
+mod list;
 mod plan;
 mod profile;
 mod status;
 
 use k8s_openapi::jiff::Timestamp;
 
+pub use list::{jobs, Output};
 pub use plan::plan_history;
 pub use profile::{fit, profile};
 pub use status::{rank_batches, status};
