@@ -381,6 +381,43 @@ async fn status_top_plan_and_profile_show_the_job() {
     assert_eq!(many["kind"], "List");
     assert_eq!(many["items"][0]["metadata"]["namespace"], NS);
 
+    // The CRD's printer columns, as the API server serves `kubectl get
+    // htj` (a meta.k8s.io Table): progress and ETA among them.
+    let req = http::Request::get(format!(
+        "/apis/heterotrain.dev/v1alpha1/namespaces/{NS}/heterotrainingjobs/demo"
+    ))
+    .header(
+        "Accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .body(Vec::new())
+    .expect("request");
+    let table: serde_json::Value =
+        serde_json::from_str(&client.request_text(req).await.expect("Table")).expect("JSON");
+    assert_eq!(table["kind"], "Table", "{table}");
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let cells = table["rows"][0]["cells"].as_array().expect("a row");
+    let cell = |name: &str| {
+        let i = columns
+            .iter()
+            .position(|c| *c == name)
+            .unwrap_or_else(|| panic!("no column {name}: {columns:?}"));
+        cells[i].clone()
+    };
+    assert_eq!(cell("Name"), "demo");
+    assert_eq!(cell("Status"), "Running");
+    assert_eq!(cell("Ranks"), 3);
+    assert_eq!(cell("Policy"), "dynamic");
+    assert_eq!(cell("Plan"), 2);
+    assert_eq!(cell("Step"), 340);
+    assert_eq!(cell("Progress"), "34%");
+    assert_eq!(cell("ETA"), "52s");
+
     // --kubeconfig and --context instead of $KUBECONFIG.
     let kubeconfig = cluster.kubeconfig_path();
     let context = kube::config::Kubeconfig::read_from(&kubeconfig)
