@@ -795,6 +795,10 @@ pub struct HeteroTrainingJobStatus {
     /// The most recent balancing decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rebalance: Option<RebalanceStatus>,
+    /// The balancing decisions that wrote a plan, oldest first (the last
+    /// [`PLAN_HISTORY_LEN`]): what `kubectl heterotrain plan` lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plan_history: Vec<RebalanceStatus>,
     /// How far training is, and how long the rest should take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ProgressStatus>,
@@ -857,6 +861,9 @@ pub struct BalanceStatus {
     /// Excellent (<5%), Good (5–10%), Fair (10–20%), Poor (≥20%).
     pub class: String,
 }
+
+/// Decisions kept in `status.planHistory`.
+pub const PLAN_HISTORY_LEN: usize = 20;
 
 /// A balancing decision.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -263,6 +263,10 @@ async fn three_to_one_speed_gets_a_three_to_one_plan() {
     assert!(st.plan_generation >= 1);
     let lr = st.last_rebalance.expect("last rebalance");
     assert!(lr.predicted_gain_percent > 5.0, "{lr:?}");
+    // The same decision is the newest in the plan history, once.
+    assert_eq!(st.plan_history.last(), Some(&lr), "{:?}", st.plan_history);
+    let gens: Vec<u64> = st.plan_history.iter().map(|r| r.generation).collect();
+    assert!(gens.windows(2).all(|w| w[0] < w[1]), "{gens:?}");
     assert!(st.balance.is_some());
     assert!(st
         .conditions

@@ -62,6 +62,22 @@ pub struct RebalanceEvent {
 }
 
 impl RebalanceEvent {
+    /// A decision from `status.planHistory`.
+    pub fn from_status(r: &heterotrain_crds::RebalanceStatus) -> RebalanceEvent {
+        let note = format!(
+            "plan generation {}: batches {:?}; predicted gain {}%; {}",
+            r.generation, r.batch_sizes, r.predicted_gain_percent, r.reason
+        );
+        RebalanceEvent {
+            time: r.time.as_ref().map(|t| t.0),
+            generation: Some(r.generation),
+            batches: Some(r.batch_sizes.clone()),
+            gain_percent: Some(r.predicted_gain_percent),
+            reason: r.reason.clone(),
+            note,
+        }
+    }
+
     /// Parse the operator's note: `plan generation N: batches [..]; predicted gain X%; reason`.
     pub fn parse(note: &str, time: Option<Timestamp>) -> RebalanceEvent {
         let mut ev = RebalanceEvent {
@@ -155,25 +171,16 @@ pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> 
         Ok(None) => (None, Some("not created yet".to_string())),
         Err(e) => (None, Some(e.to_string())),
     };
-    let uid = job.metadata.uid.clone();
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let mut rebalances: Vec<RebalanceEvent> = events
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(heterotrain_operator::conditions::reasons::REBALANCED)
-                && e.regarding.as_ref().is_some_and(|r| {
-                    r.kind.as_deref() == Some("HeteroTrainingJob")
-                        && r.name.as_deref() == Some(name)
-                        && (uid.is_none() || r.uid.is_none() || r.uid == uid)
-                })
-        })
-        .map(|e| RebalanceEvent::parse(e.note.as_deref().unwrap_or(""), event_time(&e)))
-        .collect();
-    rebalances.sort_by_key(|e| (e.generation, e.time));
+    let history = job
+        .status
+        .as_ref()
+        .map(|s| s.plan_history.clone())
+        .unwrap_or_default();
+    let rebalances = if history.is_empty() {
+        rebalance_events(client, ns, name, job.metadata.uid.clone()).await
+    } else {
+        history.iter().map(RebalanceEvent::from_status).collect()
+    };
     let mut node_labels = BTreeMap::new();
     let nodes: Api<Node> = Api::all(client.clone());
     for node in pods
@@ -195,6 +202,35 @@ pub async fn job_view(client: &Client, ns: &str, name: &str) -> Result<JobView> 
         rebalances,
         node_labels,
     })
+}
+
+/// The operator's `Rebalanced` Events about job `name` (an operator that
+/// keeps no `status.planHistory`), oldest generation first.
+async fn rebalance_events(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    uid: Option<String>,
+) -> Vec<RebalanceEvent> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let mut rebalances: Vec<RebalanceEvent> = events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(heterotrain_operator::conditions::reasons::REBALANCED)
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("HeteroTrainingJob")
+                        && r.name.as_deref() == Some(name)
+                        && (uid.is_none() || r.uid.is_none() || r.uid == uid)
+                })
+        })
+        .map(|e| RebalanceEvent::parse(e.note.as_deref().unwrap_or(""), event_time(&e)))
+        .collect();
+    rebalances.sort_by_key(|e| (e.generation, e.time));
+    rebalances
 }
 
 /// The operator's profile cache (empty when it does not exist).

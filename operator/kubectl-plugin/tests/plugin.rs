@@ -296,6 +296,34 @@ async fn status_top_plan_and_profile_show_the_job() {
     let g2 = row(&plan, "GENERATION", "2");
     assert_eq!(g2[2..], ["[48, 24, 24]", "12.5 %", "dynamic: live speeds"]);
 
+    // With status.planHistory (what the operator writes) the history is
+    // read from it, not from Events: generations 3 and 4 have none.
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), NS);
+    let decision = |g: u32, b: [u32; 3], gain: f64, why: &str| {
+        json!({"generation": g, "time": "2026-01-01T00:00:00Z", "reason": why,
+               "predictedGainPercent": gain, "batchSizes": b})
+    };
+    jobs.patch_status(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"planHistory": [
+            decision(1, [40, 28, 28], 31.0, "proportional: startup profile"),
+            decision(2, [48, 24, 24], 12.5, "dynamic: live speeds"),
+            decision(3, [50, 23, 23], 6.0, "dynamic: rank 0 sped up"),
+            decision(4, [52, 22, 22], 5.5, "dynamic: rank 0 sped up again"),
+        ]}})),
+    )
+    .await
+    .expect("status");
+    let plan = plugin(&cluster, &["-n", NS, "plan", "demo"]);
+    let g4 = row(&plan, "GENERATION", "4");
+    assert_eq!(
+        g4[2..],
+        ["[52, 22, 22]", "5.5 %", "dynamic: rank 0 sped up again"],
+        "{plan}"
+    );
+    assert_eq!(row(&plan, "GENERATION", "1")[2], "[40, 28, 28]");
+
     let profile = plugin(
         &cluster,
         &[

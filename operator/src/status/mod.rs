@@ -7,7 +7,7 @@ mod writer;
 
 use heterotrain_crds::{
     BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
-    RebalanceStatus,
+    RebalanceStatus, PLAN_HISTORY_LEN,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -88,6 +88,18 @@ pub fn isolation(v: &ValidatedJob, current: &[Condition]) -> Option<Desired> {
     }
 }
 
+/// Append `r` to `history` unless its generation is already the newest
+/// there (a decision is carried into several status writes), keeping the
+/// last [`PLAN_HISTORY_LEN`].
+fn remember_decision(history: &mut Vec<RebalanceStatus>, r: &RebalanceStatus) {
+    if history.last().is_some_and(|h| h.generation == r.generation) {
+        return;
+    }
+    history.push(r.clone());
+    let extra = history.len().saturating_sub(PLAN_HISTORY_LEN);
+    history.drain(..extra);
+}
+
 /// Next status from the lifecycle `d`, the observed pods and balancing `x`.
 pub fn next(
     v: &ValidatedJob,
@@ -148,6 +160,7 @@ pub fn next(
     }
     if let Some(r) = &x.last_rebalance {
         s.last_rebalance = Some(r.clone());
+        remember_decision(&mut s.plan_history, r);
     }
     let old_step = job.status.as_ref().map_or(0, |o| o.step);
     s.progress = progress(
@@ -246,7 +259,32 @@ pub fn round3(v: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::round3;
+    use super::{remember_decision, round3, RebalanceStatus, PLAN_HISTORY_LEN};
+
+    #[test]
+    fn plan_history_keeps_each_decision_once_and_the_newest_few() {
+        let mut h = Vec::new();
+        let at = |generation: u64| RebalanceStatus {
+            generation,
+            reason: format!("g{generation}"),
+            ..Default::default()
+        };
+        for g in 1..=3 {
+            remember_decision(&mut h, &at(g));
+            remember_decision(&mut h, &at(g)); // carried into a later write
+        }
+        let gens: Vec<u64> = h.iter().map(|r| r.generation).collect();
+        assert_eq!(gens, [1, 2, 3]);
+        for g in 4..=40 {
+            remember_decision(&mut h, &at(g));
+        }
+        assert_eq!(h.len(), PLAN_HISTORY_LEN);
+        assert_eq!(
+            h.first().map(|r| r.generation),
+            Some(41 - PLAN_HISTORY_LEN as u64)
+        );
+        assert_eq!(h.last().map(|r| r.generation), Some(40));
+    }
 
     #[test]
     fn rounds_to_three_digits() {

@@ -53,7 +53,7 @@ pub fn plan_history(v: &JobView, now: Timestamp) -> String {
             );
         }
     }
-    out.push_str("\nHistory (Rebalanced events, oldest first):\n");
+    out.push_str("\nHistory (status.planHistory, else Rebalanced events; oldest first):\n");
     if v.rebalances.is_empty() {
         out.push_str("no rebalances yet (generation 0 is the initial plan)\n");
     } else {
