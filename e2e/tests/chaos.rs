@@ -475,19 +475,36 @@ async fn plan_damaged(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
-/// The API server down for 30 s mid-run.
-async fn apiserver_down(system: &System, ns: &str) -> Result<Row, String> {
+/// What of the control plane a case stops.
+#[derive(Clone, Copy)]
+enum Outage {
+    /// The API server, 30 s.
+    ApiServer,
+    /// etcd, 15 s (the API server stays up and fails every request).
+    Etcd,
+}
+
+/// The API server down for 30 s, or etcd for 15 s, mid-run: the job
+/// Succeeds with no restart and exactly its two pods.
+async fn control_plane_down(system: &System, ns: &str, what: Outage) -> Result<Row, String> {
     let t0 = Instant::now();
     system
         .create_job(ns, &job("j", 900, "{}", "chaos"))
         .await
         .map_err(err)?;
     wait_step(system, ns, 15).await?;
-    system
-        .cluster
-        .restart_apiserver(Duration::from_secs(30))
-        .await
-        .map_err(err)?;
+    let cluster = &system.cluster;
+    let (case, restarted) = match what {
+        Outage::ApiServer => (
+            "API server down 30 s",
+            cluster.restart_apiserver(Duration::from_secs(30)).await,
+        ),
+        Outage::Etcd => (
+            "etcd down 15 s",
+            cluster.restart_etcd(Duration::from_secs(15)).await,
+        ),
+    };
+    restarted.map_err(err)?;
     system
         .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
         .await
@@ -506,7 +523,7 @@ async fn apiserver_down(system: &System, ns: &str) -> Result<Row, String> {
         ));
     }
     Ok(Row {
-        case: "API server down 30 s",
+        case,
         outcome: "Succeeded, no restart, exactly 2 pods".into(),
         counted,
         disruptions,
@@ -778,12 +795,13 @@ async fn chaos() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     // The lost node stays lost: that case goes last.
-    let cases: [&str; 8] = [
+    let cases: [&str; 9] = [
         "kills",
         "hung-rank",
         "unschedulable",
         "plan",
         "apiserver",
+        "etcd",
         "orphaned",
         "huge-metrics",
         "lost-node",
@@ -804,7 +822,8 @@ async fn chaos() {
             "hung-rank" => hung_rank(&system, &ns).await,
             "unschedulable" => unschedulable(&system, &ns).await,
             "plan" => plan_damaged(&system, &ns).await,
-            "apiserver" => apiserver_down(&system, &ns).await,
+            "apiserver" => control_plane_down(&system, &ns, Outage::ApiServer).await,
+            "etcd" => control_plane_down(&system, &ns, Outage::Etcd).await,
             "orphaned" => orphaned(&system, &ns).await,
             "huge-metrics" => huge_metrics(&system, &ns).await,
             _ => lost_node(&system, &ns).await,

@@ -215,6 +215,21 @@ impl LocalCluster {
         self.wait_apiserver(Duration::from_secs(90)).await
     }
 
+    /// Stop etcd, wait `down`, start it again on its data directory and
+    /// wait until the API server answers ready again.
+    pub async fn restart_etcd(&self, down: Duration) -> Result<()> {
+        self.stop_component("etcd");
+        tokio::time::sleep(down).await;
+        self.spawn_etcd()?;
+        if !wait_port(self.ports.etcd_client, Duration::from_secs(30)) {
+            bail!(
+                "etcd did not listen again: {}",
+                log_tail(&self.state_dir, "etcd")
+            );
+        }
+        self.wait_apiserver(Duration::from_secs(90)).await
+    }
+
     /// Stop every component (reverse start order) and remove the state
     /// directory unless asked to keep it.
     pub fn stop(&self) {
