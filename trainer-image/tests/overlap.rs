@@ -9,31 +9,37 @@ mod common;
 
 use common::*;
 
+/// Two-rank mlp runs on synthetic images, one thread per rank, no start-up
+/// profile: hidden width, samples, global batch, steps, then `extra`.
+fn mlp(hidden: &str, samples: &str, batch: &str, steps: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = args(&[
+        "--model",
+        "mlp",
+        "--hidden",
+        hidden,
+        "--dataset",
+        "synthetic_image",
+        "--synthetic-samples",
+        samples,
+        "--batch-size",
+        batch,
+        "--max-steps",
+        steps,
+        "--threads",
+        "1",
+        "--no-profile",
+    ]);
+    a.extend(args(extra));
+    a
+}
+
 #[test]
 fn gradient_buckets_start_before_backward_ends() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let plan = dir.path().join("plan.json");
     write_plan(&plan, 0, &[40, 24]);
-    let mut a = args(&[
-        "--model",
-        "mlp",
-        "--hidden",
-        "512",
-        "--dataset",
-        "synthetic_image",
-        "--synthetic-samples",
-        "512",
-        "--batch-size",
-        "64",
-        "--max-steps",
-        "6",
-        "--bucket-mib",
-        "1",
-        "--threads",
-        "1",
-        "--no-profile",
-    ]);
+    let mut a = mlp("512", "512", "64", "6", &["--bucket-mib", "1"]);
     a.extend(path_arg("--output-dir", &out));
     a.extend(path_arg("--plan-file", &plan));
     run_ok(2, &a);
@@ -69,23 +75,7 @@ fn gradient_buckets_start_before_backward_ends() {
 fn the_sharded_update_runs_inside_backward() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut a = args(&[
-        "--model",
-        "mlp",
-        "--hidden",
-        "512",
-        "--dataset",
-        "synthetic_image",
-        "--synthetic-samples",
-        "1024",
-        "--batch-size",
-        "512",
-        "--max-steps",
-        "6",
-        "--threads",
-        "1",
-        "--no-profile",
-    ]);
+    let mut a = mlp("512", "1024", "512", "6", &[]);
     a.extend(path_arg("--output-dir", &out));
     run_ok(2, &a);
     let early: Vec<Vec<u64>> = (0..2)
@@ -118,30 +108,21 @@ fn the_update_inside_backward_equals_the_update_after_it() {
         write_plan(&plan, 0, &[40, 24]);
         let run = |name: &str, extra: &[&str]| {
             let out = dir.path().join(name);
-            let mut a = args(&[
-                "--model",
-                "mlp",
-                "--hidden",
+            let mut a = mlp(
                 "256",
-                "--dataset",
-                "synthetic_image",
-                "--synthetic-samples",
                 "512",
-                "--batch-size",
                 "64",
-                "--max-steps",
                 "8",
-                "--optimizer",
-                opt,
-                "--lr",
-                "0.01",
-                "--weight-decay",
-                "0.01",
-                "--threads",
-                "1",
-                "--deterministic",
-                "--no-profile",
-            ]);
+                &[
+                    "--optimizer",
+                    opt,
+                    "--lr",
+                    "0.01",
+                    "--weight-decay",
+                    "0.01",
+                    "--deterministic",
+                ],
+            );
             a.extend(args(extra));
             a.extend(path_arg("--output-dir", &out));
             a.extend(path_arg("--plan-file", &plan));
