@@ -3,6 +3,7 @@
 //! sources by `make setup`, for tests, the demo and trying the system on one
 //! machine.
 
+pub mod audit;
 pub mod bench;
 pub mod cluster;
 pub mod crd;
@@ -15,6 +16,7 @@ pub mod pki;
 pub mod pod_security;
 pub mod ports;
 pub mod prometheus;
+pub mod proxy;
 pub mod system;
 pub mod volumes;
 pub mod wait;

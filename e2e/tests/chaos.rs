@@ -14,10 +14,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_e2e::audit;
 use heterotrain_e2e::nodesim::NodesFile;
-use heterotrain_e2e::system::{System, SystemOptions};
+use heterotrain_e2e::proxy::CutProxy;
+use heterotrain_e2e::system::{replica_kubeconfig, System, SystemOptions, OPERATOR_NAMESPACE};
 use heterotrain_e2e::wait::eventually;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
 const NODES: &str = r#"
@@ -776,6 +780,169 @@ async fn lost_node(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
+/// Who holds the operator's Lease now.
+async fn lease_holder(system: &System) -> Option<String> {
+    let client = system.client().await.ok()?;
+    let api: Api<Lease> = Api::namespaced(client, OPERATOR_NAMESPACE);
+    api.get_opt("heterotrain-operator")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+/// Two operator replicas, A leading, and A's access to the API server cut
+/// for 30 s (a proxy in front of it closes its connections): B takes the
+/// Lease over, A stops writing (it exits on the loss and comes back as a
+/// standby, as its Deployment would restart it), the job Succeeds with its
+/// two pods and no restart. The API server's audit log must show one writer
+/// at a time: no write of A accepted after B's first (besides the Lease,
+/// whose writes are guarded), and B writing nothing before the cut.
+async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
+    let t0 = Instant::now();
+    let from = Timestamp::now();
+    let dir = system.cluster.state_dir().to_path_buf();
+    let proxy = CutProxy::start(system.cluster.ports().apiserver)
+        .await
+        .map_err(err)?;
+    let (ka, kb) = (
+        dir.join("replica-a.kubeconfig"),
+        dir.join("replica-b.kubeconfig"),
+    );
+    replica_kubeconfig(
+        &system.cluster,
+        "operator-replica-a",
+        Some(proxy.port()),
+        &ka,
+    )
+    .await
+    .map_err(err)?;
+    replica_kubeconfig(&system.cluster, "operator-replica-b", None, &kb)
+        .await
+        .map_err(err)?;
+    // The suite's own operator steps aside (and releases the Lease).
+    system.stop_operator(false);
+    let mut a = system.start_replica("replica-a", &ka).map_err(err)?;
+    eventually(
+        "replica-a to hold the Lease",
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        || async { Ok((lease_holder(system).await.as_deref() == Some("replica-a")).then_some(())) },
+    )
+    .await
+    .map_err(err)?;
+    let mut b = system.start_replica("replica-b", &kb).map_err(err)?;
+    let outcome = async {
+        system
+            .create_job(ns, &job("j", 900, "{}", "chaos"))
+            .await
+            .map_err(err)?;
+        wait_step(system, ns, 15).await?;
+        let cut_at = Timestamp::now();
+        proxy.cut().await;
+        let mut taken_over = false;
+        for _ in 0..60 {
+            a.revive(system);
+            b.revive(system);
+            taken_over |= lease_holder(system).await.as_deref() == Some("replica-b");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        proxy.restore();
+        if !taken_over {
+            return Err("replica-b did not take the Lease over within 30 s".to_string());
+        }
+        let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await.map_err(err)?, ns);
+        let api = &api;
+        let (a, b) = (&mut a, &mut b);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let job = loop {
+            a.revive(system);
+            b.revive(system);
+            if let Ok(Some(j)) = api.get_opt("j").await {
+                if succeeded(&j) {
+                    break j;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("the job did not Succeed within 300 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        Ok::<_, String>((cut_at, job, a.exits))
+    }
+    .await;
+    a.stop();
+    b.stop();
+    system.start_operator().map_err(err)?;
+    let (cut_at, job, a_exits) = outcome?;
+
+    // One writer at a time, from the API server's own record.
+    let user = |r: &str| format!("system:serviceaccount:{OPERATOR_NAMESPACE}:operator-replica-{r}");
+    let writes: Vec<_> = audit::read(&system.cluster.audit_log_path())
+        .into_iter()
+        .filter(|w| w.received >= from && w.accepted())
+        .collect();
+    let of = |r: &str| {
+        let u = user(r);
+        writes.iter().filter(move |w| w.user == u)
+    };
+    let b_first = of("b")
+        .filter(|w| w.resource != "leases")
+        .map(|w| w.received)
+        .min()
+        .ok_or("the audit log shows no write by replica-b")?;
+    if b_first < cut_at {
+        return Err(format!(
+            "replica-b wrote at {b_first} before the cut at {cut_at}"
+        ));
+    }
+    let late: Vec<String> = of("a")
+        .filter(|w| w.received >= b_first)
+        .map(|w| format!("{} {} {:?} at {}", w.verb, w.resource, w.name, w.received))
+        .collect();
+    if !late.is_empty() {
+        return Err(format!(
+            "replica-a wrote {} times after replica-b's first write ({b_first}), first: {}",
+            late.len(),
+            late[..late.len().min(5)].join("; ")
+        ));
+    }
+    let a_writes = of("a").filter(|w| w.resource != "leases").count();
+    if a_writes == 0 {
+        return Err("the audit log shows no write by replica-a (was it leading?)".into());
+    }
+    let (counted, disruptions) = counts(system, ns, "j").await?;
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    let listed = pods.list(&ListParams::default()).await.map_err(err)?.items;
+    let owned = listed
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.controller == Some(true) && o.uid == uid)
+        })
+        .count();
+    if counted + disruptions != 0 || listed.len() != 2 || owned != 2 {
+        return Err(format!(
+            "restarts {counted}+{disruptions}, {} pods of which {owned} the job's (want 0, 2 and 2)",
+            listed.len()
+        ));
+    }
+    Ok(Row {
+        case: "leader's API access cut 30 s (2 replicas)",
+        outcome: format!(
+            "Succeeded; the standby took over; the old leader exited {a_exits}× and wrote nothing after the takeover ({a_writes} writes before); exactly 2 pods"
+        ),
+        counted,
+        disruptions,
+        lost: "0".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos() {
     let kills_n: u32 = std::env::var("HETEROTRAIN_CHAOS_KILLS")
@@ -795,7 +962,7 @@ async fn chaos() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     // The lost node stays lost: that case goes last.
-    let cases: [&str; 9] = [
+    let cases: [&str; 10] = [
         "kills",
         "hung-rank",
         "unschedulable",
@@ -804,6 +971,7 @@ async fn chaos() {
         "etcd",
         "orphaned",
         "huge-metrics",
+        "leader-cut",
         "lost-node",
     ];
     for case in cases {
@@ -826,6 +994,7 @@ async fn chaos() {
             "etcd" => control_plane_down(&system, &ns, Outage::Etcd).await,
             "orphaned" => orphaned(&system, &ns).await,
             "huge-metrics" => huge_metrics(&system, &ns).await,
+            "leader-cut" => leader_cut(&system, &ns).await,
             _ => lost_node(&system, &ns).await,
         };
         match r {

@@ -57,23 +57,32 @@ fn deleted<T>(result: kube::Result<T>) -> Result<()> {
 }
 
 /// Apply what a gang needs before its pods: the Service, the trainers'
-/// Role and RoleBinding and the NetworkPolicies (the Role before its
-/// binding, the policies before any pod they guard). Without policies in
-/// `desired` (isolation off) the job's policies are deleted.
+/// Role and RoleBinding and the NetworkPolicies, concurrently (one round
+/// trip of latency, two for the Role and then its binding). Without
+/// policies in `desired` (isolation off) the job's policies are deleted.
+/// The caller creates pods only after this returns, so the policies are
+/// in place before any pod they guard.
 pub async fn children(client: &Client, ns: &str, desired: &Desired) -> Result<()> {
-    apply(client, ns, &desired.service).await?;
-    apply(client, ns, &desired.access.0).await?;
-    apply(client, ns, &desired.access.1).await?;
-    for p in &desired.policies {
-        apply(client, ns, p).await?;
-    }
-    if desired.policies.is_empty() {
-        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
-        let job = desired.service.metadata.name.as_deref().unwrap_or_default();
-        for name in [names::network_policy(job), names::api_network_policy(job)] {
-            deleted(api.delete(&name, &DeleteParams::default()).await)?;
+    let access = async {
+        apply(client, ns, &desired.access.0).await?;
+        apply(client, ns, &desired.access.1).await
+    };
+    let policies = async {
+        futures::future::try_join_all(desired.policies.iter().map(|p| apply(client, ns, p)))
+            .await?;
+        if desired.policies.is_empty() {
+            let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+            let job = desired.service.metadata.name.as_deref().unwrap_or_default();
+            let names = [names::network_policy(job), names::api_network_policy(job)];
+            let deletes = names.iter().map(|name| {
+                let api = api.clone();
+                async move { deleted(api.delete(name, &DeleteParams::default()).await) }
+            });
+            futures::future::try_join_all(deletes).await?;
         }
-    }
+        Ok(())
+    };
+    futures::try_join!(apply(client, ns, &desired.service), access, policies)?;
     Ok(())
 }
 

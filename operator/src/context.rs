@@ -11,10 +11,12 @@ use heterotrain_crds::HeteroTrainingJob;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
+use crate::children::Children;
 use crate::config::OperatorConfig;
 use crate::events::{self, EventSpec};
 use crate::leader::health::LeaseHealth;
 use crate::metrics::Metrics;
+use crate::rebalance::collect::Collector;
 use crate::rebalance::{Deps, JobKey, Rebalancer};
 use crate::scrape::Scraper;
 use heterotrain_crds::labels;
@@ -26,8 +28,12 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub scraper: Scraper,
+    /// The watch caches of the jobs' pods and plan ConfigMaps.
+    pub children: Children,
     /// Balancing state per job.
     pub(crate) rebalancer: Rebalancer,
+    /// Metric reads in flight and done, per job.
+    pub collector: Collector,
     /// Consecutive failed reconciles per job (and when last counted).
     failures: Mutex<HashMap<JobKey, (u32, Instant)>>,
     /// The last refusal reported per job (`CreateRefused`), so one refusal
@@ -63,7 +69,9 @@ impl Context {
             config,
             metrics,
             recorder,
+            children: Children::new(),
             rebalancer: Rebalancer::new(),
+            collector: Collector::new(),
             failures: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
@@ -82,6 +90,7 @@ impl Context {
             config: &self.config,
             metrics: &self.metrics,
             scraper: &self.scraper,
+            collector: &self.collector,
             recorder: &self.recorder,
         }
     }

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{error, info, warn, Instrument};
@@ -129,13 +129,32 @@ async fn run_scope(
             }
         };
     }
+    // Pods and plan ConfigMaps are cached (a reconcile reads them from
+    // memory) by the same streams that wake the jobs they belong to.
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
+    ctx.children.register(ns.clone(), pods, configmaps);
+    let pod_events = watcher(api!(Pod), owned.clone())
+        .default_backoff()
+        .modify(crate::children::slim_pod)
+        .reflect(pod_writer)
+        .touched_objects();
+    let cm_events = watcher(api!(ConfigMap), owned.clone())
+        .default_backoff()
+        .modify(crate::children::slim_configmap)
+        .reflect(cm_writer)
+        .touched_objects();
+    // A finished metrics read wakes its job (`rebalance::collect`).
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    ctx.collector.register(ns.clone(), ar.clone(), wake_tx);
     Controller::new_with(jobs, watcher::Config::default(), ar)
         .with_config(
             kube::runtime::controller::Config::default().concurrency(ctx.config.concurrency),
         )
-        .owns(api!(Pod), owned.clone())
-        .owns(api!(Service), owned.clone())
-        .owns(api!(ConfigMap), owned)
+        .owns_stream(pod_events)
+        .owns_stream(cm_events)
+        .owns(api!(Service), owned)
+        .reconcile_on(wake_rx)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -197,6 +216,8 @@ pub async fn run(
     ctx.lease.standing_by();
     ctx.metrics.leader.set(0);
     ctx.rebalancer.clear();
+    ctx.collector.clear();
+    ctx.children.clear();
     match lost {
         Some(why) => {
             error!(

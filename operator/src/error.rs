@@ -47,6 +47,10 @@ pub enum Error {
     /// This replica lost the leader Lease (the process exits to be restarted).
     #[error("lost the leader Lease: {0}")]
     LeaseLost(String),
+    /// The watch caches of the jobs' pods and ConfigMaps have not finished
+    /// their first list (retried).
+    #[error("the watch caches of pods and ConfigMaps are not filled yet ({0})")]
+    CacheNotReady(&'static str),
     /// The HeteroTrainingJob CRD is not installed.
     #[error("CustomResourceDefinition heterotrainingjobs.heterotrain.dev is not installed; apply crds/heterotrainingjob.yaml (or the Helm chart) first")]
     CrdMissing,
@@ -70,6 +74,7 @@ impl Error {
             Error::Scrape { .. } => "scrape",
             Error::ScrapeTooLarge { .. } => "scrape_too_large",
             Error::LeaseLost(_) => "lease_lost",
+            Error::CacheNotReady(_) => "cache_not_ready",
             Error::CrdMissing => "crd_missing",
         }
     }

@@ -1,13 +1,12 @@
-//! Fetch stage: read a job's children (pods, plan ConfigMap) and reduce each
-//! pod to the facts the lifecycle stage decides on.
+//! Fetch stage: a job's children (pods, plan ConfigMap) as observed, each
+//! pod reduced to the facts the lifecycle stage decides on. The objects
+//! come from the watch caches ([`crate::children`]).
 
 use heterotrain_crds::labels;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 
-use crate::error::Result;
 use crate::names;
 use crate::plan;
 
@@ -187,30 +186,4 @@ pub fn names_where(pods: &[RankPod], keep: impl Fn(&RankPod) -> bool) -> Vec<Str
 pub fn split_by_owner(pods: Vec<RankPod>, uid: &str) -> (Vec<RankPod>, Vec<RankPod>) {
     pods.into_iter()
         .partition(|p| p.controller_uid.as_deref() == Some(uid))
-}
-
-/// Read pods (by job label) and the plan ConfigMap of the job `job` with
-/// UID `uid` in `namespace`.
-pub async fn fetch(client: &Client, namespace: &str, job: &str, uid: &str) -> Result<Observed> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    // From the API server's watch cache (resourceVersion 0), which filters
-    // by label in memory: a quorum list would read every pod of the
-    // namespace from etcd on each reconcile, which sinks the API server at
-    // a few thousand pods. The cache is at most moments behind, like an
-    // informer's, and every pod change triggers another reconcile anyway.
-    let list = pods
-        .list(
-            &ListParams::default()
-                .labels(&labels::job_selector(job))
-                .match_any(),
-        )
-        .await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let cm = cms.get_opt(&names::plan_configmap(job)).await?;
-    let (pods, foreign) = split_by_owner(list.items.iter().map(RankPod::from_pod).collect(), uid);
-    Ok(Observed {
-        pods,
-        foreign,
-        plan: plan::read(cm.as_ref()),
-    })
 }

@@ -4,7 +4,7 @@
 //! Reconcile ([`reconcile`]) is a pipeline of stages, one module each:
 //! [`guard`] (deserialise the watched object) → [`validate`] (semantics
 //! beyond the schema, once; out comes a `ValidatedJob` the later stages
-//! read) → [`fetch`] (children) → [`lifecycle`] (pure: what the gang needs
+//! read) → [`fetch`] (children, from the watch caches of [`children`]) → [`lifecycle`] (pure: what the gang needs
 //! next) → [`build`] (pure: desired Service and Pods) and [`plan`] (the
 //! batch plan: born, checked, advanced, written) → [`apply`] (server-side
 //! apply, one field manager) → [`rebalance`] (metrics via [`scrape`] →
@@ -17,6 +17,7 @@
 pub mod apply;
 pub mod balance;
 pub mod build;
+pub mod children;
 pub mod conditions;
 pub mod config;
 pub mod context;

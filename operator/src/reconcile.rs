@@ -50,6 +50,7 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     let key = JobKey::of_job(&job);
     if job.metadata.deletion_timestamp.is_some() {
         ctx.rebalancer.forget(&key);
+        ctx.collector.forget(&key);
         return Ok(Action::await_change());
     }
     let action = reconcile_job(&job, &ctx).await?;
@@ -80,7 +81,7 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     };
     let mut status = status::Writer::new(&ctx.client, job, &v.namespace);
     let t0 = Instant::now();
-    let obs = fetch::fetch(&ctx.client, &v.namespace, &v.name, v.uid()).await?;
+    let obs = ctx.children.observe(&v.namespace, &v.name, v.uid()).await?;
     let mut d = lifecycle::decide(&v, &obs, &now);
     remove_foreign(ctx, &v, &obs, &mut d).await?;
     let t_fetch = t0.elapsed();
@@ -118,6 +119,7 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     };
     if d.delete_job {
         ctx.rebalancer.forget(&key);
+        ctx.collector.forget(&key);
         return Ok(Action::await_change());
     }
     let t_apply = t0.elapsed();
@@ -248,12 +250,17 @@ async fn apply_decision(
             metrics_from: ctx.config.metrics_from(),
         };
         let desired = build::desired(v, &inputs)?;
-        apply::children(client, &v.namespace, &desired).await?;
-        if plan_now.is_none() {
+        let first_plan = async {
+            if plan_now.is_some() {
+                return Ok(None);
+            }
             let initial = plan::initial(client, &ctx.config, v, &obs.plan).await;
             plan::write(client, v, &initial).await?;
-            written = Some(initial);
-        }
+            Ok::<_, Error>(Some(initial))
+        };
+        let ((), initial) =
+            futures::try_join!(apply::children(client, &v.namespace, &desired), first_plan)?;
+        written = initial;
         // All missing ranks at once: one round trip of latency, not one per rank.
         let creates = desired
             .pods
@@ -265,11 +272,14 @@ async fn apply_decision(
                     .is_some_and(|r| d.create_ranks.contains(&r))
             })
             .map(|pod| apply::pod(client, &v.namespace, pod));
-        futures::future::try_join_all(creates).await?;
+        // The first failure in rank order (not in time), so a refusal reads
+        // the same at every retry.
+        futures::future::join_all(creates)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
     }
-    for e in &d.events {
-        ctx.event(v.job, e).await;
-    }
+    futures::future::join_all(d.events.iter().map(|e| ctx.event(v.job, e))).await;
     if d.delete_job {
         apply::delete_job(client, &v.namespace, &v.name).await?;
     }

@@ -33,6 +33,21 @@ impl LocalCluster {
         (self.kubeconfig_renderer())(token)
     }
 
+    /// A kubeconfig for `token` that reaches the API server through
+    /// 127.0.0.1:`port` (a proxy in front of it; the server's certificate
+    /// is valid for 127.0.0.1 whatever the port).
+    pub fn kubeconfig_yaml_via(&self, port: u16, token: &str) -> String {
+        self.kubeconfig_yaml(token).replace(
+            &format!("server: {}", self.server_url()),
+            &format!("server: https://127.0.0.1:{port}"),
+        )
+    }
+
+    /// The API server's audit log: the operator ServiceAccounts' writes.
+    pub fn audit_log_path(&self) -> std::path::PathBuf {
+        self.state_dir().join("logs").join("audit.log")
+    }
+
     /// A function rendering kubeconfigs for tokens, detached from `self`
     /// (for the node simulator, which writes one per pod).
     pub fn kubeconfig_renderer(&self) -> impl Fn(&str) -> String + Send + Sync + 'static {

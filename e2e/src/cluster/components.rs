@@ -12,6 +12,19 @@ use super::LocalCluster;
 use crate::keeper::{spawn_tied, stop_child};
 use crate::paths::find_binary;
 
+/// What the API server writes to its audit log (`logs/audit.log`): the
+/// writes of the operator's ServiceAccounts, metadata only, so a test can
+/// tell which replica wrote what and when.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts:heterotrain-system\"]
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
 /// One started component process.
 pub(super) struct Component {
     pub(super) name: &'static str,
@@ -80,6 +93,8 @@ impl LocalCluster {
         let p = self.ports;
         let pki = self.state_dir.join("pki");
         let f = |n: &str| pki.join(n).display().to_string();
+        let policy = self.state_dir.join("audit-policy.yaml");
+        std::fs::write(&policy, AUDIT_POLICY).context("writing the audit policy")?;
         self.spawn(
             "kube-apiserver",
             "kube-apiserver",
@@ -100,6 +115,8 @@ impl LocalCluster {
                 "--service-cluster-ip-range=10.96.0.0/16".into(),
                 format!("--cert-dir={}", f("apiserver-certs")),
                 "--profiling=false".into(),
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", self.audit_log_path().display()),
                 "--v=1".into(),
             ],
         )

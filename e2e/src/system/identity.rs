@@ -86,12 +86,43 @@ pub(super) async fn setup_operator_identity(
     cluster: &LocalCluster,
     kubeconfig: &Path,
 ) -> Result<()> {
+    let token = operator_account(cluster, "heterotrain-operator").await?;
+    std::fs::write(kubeconfig, cluster.kubeconfig_yaml(&token))?;
+    Ok(())
+}
+
+/// A kubeconfig for another operator replica under its own ServiceAccount
+/// `account` (bound to the same ClusterRole, so the API server's audit log
+/// tells the replicas apart), reaching the API server through 127.0.0.1:`port`
+/// when given (a [`crate::proxy::CutProxy`]).
+pub async fn replica_kubeconfig(
+    cluster: &LocalCluster,
+    account: &str,
+    port: Option<u16>,
+    kubeconfig: &Path,
+) -> Result<()> {
+    let token = operator_account(cluster, account).await?;
+    let yaml = match port {
+        Some(p) => cluster.kubeconfig_yaml_via(p, &token),
+        None => cluster.kubeconfig_yaml(&token),
+    };
+    std::fs::write(kubeconfig, yaml)?;
+    Ok(())
+}
+
+/// ServiceAccount `account` in the operator's namespace, bound to the
+/// operator's ClusterRole; a token for it.
+async fn operator_account(cluster: &LocalCluster, account: &str) -> Result<String> {
     let client = cluster.client().await?;
     ensure_namespace(&client, OPERATOR_NAMESPACE).await?;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
-    apply(&sas, "heterotrain-operator", json!({
-        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "heterotrain-operator"}
-    }))
+    apply(
+        &sas,
+        account,
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}
+        }),
+    )
     .await?;
     let mut role: serde_json::Value = serde_yaml::from_str(OPERATOR_RBAC)?;
     role["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
@@ -101,11 +132,16 @@ pub(super) async fn setup_operator_identity(
         .ok_or_else(|| anyhow!("operator/rbac.yaml has no name"))?
         .to_string();
     apply(&Api::<ClusterRole>::all(client.clone()), &role_name, role).await?;
-    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &role_name, json!({
+    let binding = if account == "heterotrain-operator" {
+        role_name.clone()
+    } else {
+        format!("{role_name}-{account}")
+    };
+    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &binding, json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": role_name},
+        "metadata": {"name": binding},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-        "subjects": [{"kind": "ServiceAccount", "name": "heterotrain-operator", "namespace": OPERATOR_NAMESPACE}]
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": OPERATOR_NAMESPACE}]
     }))
     .await?;
     let req: TokenRequest = serde_json::from_value(json!({
@@ -113,18 +149,10 @@ pub(super) async fn setup_operator_identity(
         "spec": {"expirationSeconds": 86400}
     }))?;
     let resp: TokenRequest = sas
-        .create_subresource(
-            "token",
-            "heterotrain-operator",
-            &PostParams::default(),
-            &req,
-        )
+        .create_subresource("token", account, &PostParams::default(), &req)
         .await
-        .context("requesting the operator's token")?;
-    let token = resp
-        .status
+        .with_context(|| format!("requesting a token for {account}"))?;
+    resp.status
         .and_then(|s| s.token)
-        .ok_or_else(|| anyhow!("empty TokenRequest status"))?;
-    std::fs::write(kubeconfig, cluster.kubeconfig_yaml(&token))?;
-    Ok(())
+        .ok_or_else(|| anyhow!("empty TokenRequest status"))
 }

@@ -7,7 +7,7 @@
 mod dump;
 mod identity;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use heterotrain_crds::HeteroTrainingJob;
 use kube::api::{Api, PostParams};
 use kube::Client;
 
-pub use identity::prepare_namespace;
+pub use identity::{prepare_namespace, replica_kubeconfig};
 
 use crate::crd::install_crd;
 use crate::keeper::{spawn_tied, stop_child};
@@ -168,22 +168,45 @@ impl System {
                 return Ok(());
             }
         }
+        let http = crate::ports::free_ports(1)?[0];
+        let cmd =
+            self.operator_command("operator-e2e", &self.operator_kubeconfig, http, "operator")?;
+        *guard = Some(spawn_tied(cmd).context("starting heterotrain-operator")?);
+        if let Ok(mut h) = self.operator_http.lock() {
+            *h = Some(http);
+        }
+        Ok(())
+    }
+
+    /// The operator's command line with this system's flags, as replica
+    /// `identity` (its Lease holder name) with `kubeconfig`, serving HTTP
+    /// on `http`, logging to `logs/<log>.log`.
+    fn operator_command(
+        &self,
+        identity: &str,
+        kubeconfig: &Path,
+        http: u16,
+        log: &str,
+    ) -> Result<Command> {
         let bin =
             crate::nodesim::container::find_program("heterotrain-operator").ok_or_else(|| {
                 anyhow!("heterotrain-operator binary not found (build the workspace)")
             })?;
-        let log_path = self.cluster.state_dir().join("logs").join("operator.log");
+        let log_path = self
+            .cluster
+            .state_dir()
+            .join("logs")
+            .join(format!("{log}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)?;
-        let http = crate::ports::free_ports(1)?[0];
         let mut cmd = Command::new(bin);
         cmd.args(&self.operator_args)
             .arg(format!("--http-addr=127.0.0.1:{http}"))
-            .env("KUBECONFIG", &self.operator_kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
-            .env("POD_NAME", "operator-e2e")
+            .env("POD_NAME", identity)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -191,11 +214,20 @@ impl System {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        *guard = Some(spawn_tied(cmd).context("starting heterotrain-operator")?);
-        if let Ok(mut h) = self.operator_http.lock() {
-            *h = Some(http);
-        }
-        Ok(())
+        Ok(cmd)
+    }
+
+    /// Start another operator replica, `identity`, with `kubeconfig` (see
+    /// [`identity::replica_kubeconfig`]); its log is `logs/<identity>.log`.
+    pub fn start_replica(&self, identity: &str, kubeconfig: &Path) -> Result<Replica> {
+        let http = crate::ports::free_ports(1)?[0];
+        let cmd = self.operator_command(identity, kubeconfig, http, identity)?;
+        Ok(Replica {
+            identity: identity.to_string(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            child: Some(spawn_tied(cmd).context("starting an operator replica")?),
+            exits: 0,
+        })
     }
 
     /// Restart the operator if it exited on its own, as its Deployment
@@ -321,6 +353,58 @@ impl System {
             p.stop();
         }
         self.cluster.stop();
+    }
+}
+
+/// An operator replica started beside the system's own
+/// ([`System::start_replica`]).
+pub struct Replica {
+    pub identity: String,
+    kubeconfig: PathBuf,
+    child: Option<Child>,
+    /// Times it exited on its own.
+    pub exits: u32,
+}
+
+impl Replica {
+    /// Start it again if it exited on its own, as its Deployment would;
+    /// whether it had exited.
+    pub fn revive(&mut self, system: &System) -> bool {
+        let exited = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        if exited {
+            self.exits += 1;
+            match system.start_replica(&self.identity, &self.kubeconfig) {
+                Ok(mut r) => self.child = r.child.take(),
+                Err(e) => eprintln!("restarting replica {}: {e:#}", self.identity),
+            }
+        }
+        exited
+    }
+
+    /// Whether its process is running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stop it (SIGTERM, then SIGKILL after 10 s).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The balancing loop of running jobs: every scrape interval read each
-//! rank's metrics ([`source`]), feed the job's balancer; once the job has
+//! The balancing loop of running jobs: every scrape interval start a read
+//! of each rank's metrics ([`source`]) in its own task ([`collect`]), and
+//! when it is done (the job is woken) feed the job's balancer; once the job has
 //! trained `loadBalancing.rebalanceIntervalSteps` steps since the last
 //! decision and at least `--rebalance-interval` has passed
 //! ([`clock::decision_due`]) decide, and when a new plan comes out write
@@ -9,9 +10,10 @@
 //! keyed by [`JobKey`]; it is dropped when the job or its gang goes away.
 
 pub mod clock;
+pub mod collect;
 mod membership;
 mod profiles;
-mod source;
+pub mod source;
 mod state;
 mod step;
 
@@ -42,6 +44,8 @@ pub struct Deps<'a> {
     pub metrics: &'a Metrics,
     /// The HTTP client for pod scrapes and Prometheus queries.
     pub scraper: &'a Scraper,
+    /// Runs those reads off the reconcile path.
+    pub collector: &'a collect::Collector,
     pub recorder: &'a Recorder,
 }
 

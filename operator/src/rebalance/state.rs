@@ -20,6 +20,11 @@ impl JobKey {
         JobKey(format!("{namespace}/{name}"))
     }
 
+    /// `(namespace, name)`.
+    pub fn parts(&self) -> Option<(&str, &str)> {
+        self.0.split_once('/')
+    }
+
     /// The key of a validated job.
     pub fn of(v: &ValidatedJob) -> JobKey {
         JobKey::new(&v.namespace, &v.name)
@@ -67,6 +72,11 @@ impl JobState {
     /// with the same name, nor of a gang before a restart).
     pub fn belongs_to(&self, v: &ValidatedJob) -> bool {
         self.uid == v.uid() && self.gang == v.gang()
+    }
+
+    /// Names this gang in metric reads ([`super::collect`]).
+    pub fn tag(&self) -> String {
+        format!("{}/{}", self.uid, self.gang)
     }
 
     /// Last measured figures, over `base` (whose plan wins).

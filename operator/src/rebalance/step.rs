@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
 use super::state::JobState;
-use super::{membership, profiles, source, Deps};
+use super::{membership, profiles, source, Deps, JobKey};
 use crate::conditions::{reasons, types, Desired};
 use crate::error::Error;
 use crate::events::{self, EventSpec};
@@ -32,16 +32,28 @@ pub(super) async fn step(
 ) -> Extras {
     let mut x = st.carry(base);
     let cfg = deps.config;
+    let key = JobKey::of(v);
+    let tag = st.tag();
     let due = st
         .last_scrape
         .is_none_or(|t| t.elapsed() >= cfg.scrape_interval.mul_f64(0.8));
-    if !due {
-        return x;
+    if due {
+        // The read runs in its own task and wakes the job when done.
+        let request = source::request(deps, v, obs);
+        if deps
+            .collector
+            .start(&key, &tag, request, deps.scraper)
+            .is_some()
+        {
+            st.last_scrape = Some(Instant::now());
+        }
     }
-    st.last_scrape = Some(Instant::now());
+    let Some(reading) = deps.collector.take(&key, &tag) else {
+        return x;
+    };
     let spec = v.spec();
     let world = v.ranks();
-    let results = source::read_metrics(deps, v, obs).await;
+    let results = reading.ranks;
     let mut sps: Vec<Option<f64>> = vec![None; world];
     let mut gens: Vec<Option<u64>> = vec![None; world];
     let mut new_profiles = BTreeMap::new();
@@ -63,12 +75,12 @@ pub(super) async fn step(
                 }
                 if let Some(total) = m.samples_total {
                     if let Some((prev, t)) = st.last_samples[r] {
-                        let dt = t.elapsed().as_secs_f64();
+                        let dt = reading.at.saturating_duration_since(t).as_secs_f64();
                         if total >= prev && dt > 0.0 {
                             sps[r] = Some((total - prev) / dt);
                         }
                     }
-                    st.last_samples[r] = Some((total, Instant::now()));
+                    st.last_samples[r] = Some((total, reading.at));
                 }
                 if !had_profile && cfg.profile_cache && !st.cached[r] {
                     if let Some(p) = st.balancer.profiles().get(r).cloned().flatten() {
@@ -184,19 +196,17 @@ pub(super) async fn step(
         plan.generation, plan.batch_sizes, plan.reason
     );
     info!(job = %v.name, "{note}");
-    events::publish(
-        deps.recorder,
-        v.job,
-        &EventSpec {
-            warning: false,
-            reason: reasons::REBALANCED.into(),
-            note: note.clone(),
-        },
+    let mut news = vec![EventSpec {
+        warning: false,
+        reason: reasons::REBALANCED.into(),
+        note: note.clone(),
+    }];
+    news.extend(membership::events(&current, &plan));
+    futures::future::join_all(
+        news.iter()
+            .map(|e| events::publish(deps.recorder, v.job, e)),
     )
     .await;
-    for e in membership::events(&current, &plan) {
-        events::publish(deps.recorder, v.job, &e).await;
-    }
     x.conditions.push(Desired::yes(
         types::REBALANCED,
         reasons::REBALANCED,
