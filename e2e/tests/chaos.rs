@@ -349,44 +349,78 @@ async fn hung_rank(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
-/// A selector no node matches: the condition names it at once, the job
-/// fails after `podsReadyTimeoutSeconds`.
-async fn unschedulable(system: &System, ns: &str) -> Result<Row, String> {
+/// Gangs that cannot start — a selector no node matches, an image that
+/// cannot be pulled, a checkpoint claim that does not exist — each named
+/// in the `Running` condition within 30 s (the scheduler's or the
+/// kubelet's words), each job `Failed` (`PodsNotReady`) after
+/// `podsReadyTimeoutSeconds`.
+async fn not_ready(system: &System, ns: &str) -> Result<Row, String> {
     let t0 = Instant::now();
-    system
-        .create_job(
-            ns,
-            &job("j", 50, "{podsReadyTimeoutSeconds: 25}", "nowhere"),
-        )
-        .await
-        .map_err(err)?;
-    let named = system
-        .wait_job(
-            ns,
-            "j",
-            Duration::from_secs(30),
-            "Running=False Unschedulable",
-            |j| {
-                j.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .any(|c| c.type_ == "Running" && c.reason == "Unschedulable")
-                })
-            },
-        )
-        .await
-        .map_err(err)?;
-    let named_after = t0.elapsed().as_secs_f64();
-    let msg = named
-        .status
-        .unwrap_or_default()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Running")
-        .map(|c| c.message)
-        .unwrap_or_default();
-    if !msg.contains("rank 0 (pod j-0): Unschedulable") {
-        return Err(format!("Running condition: {msg}"));
+    let base = job("sel", 50, "{podsReadyTimeoutSeconds: 25}", "nowhere");
+    let cases = [
+        ("sel", base.clone(), "Unschedulable", "Unschedulable"),
+        (
+            "img",
+            base.replace("name: sel}", "name: img}").replace(
+                "nodeSelector: {pool: nowhere}",
+                "nodeSelector: {pool: chaos}\n      image: registry.invalid/heterotrain-trainer:0",
+            ),
+            "ImagePullBackOff",
+            "registry.invalid/heterotrain-trainer:0",
+        ),
+        (
+            "pvc",
+            base.replace("name: sel}", "name: pvc}")
+                .replace(
+                    "nodeSelector: {pool: nowhere}",
+                    "nodeSelector: {pool: chaos}",
+                )
+                .replace("claimName: ckpt", "claimName: missing"),
+            "Unschedulable",
+            "\"missing\"",
+        ),
+    ];
+    for (_, yaml, _, _) in &cases {
+        system.create_job(ns, yaml).await.map_err(err)?;
+    }
+    let mut named = Vec::new();
+    for (name, _, reason, detail) in &cases {
+        let found = system
+            .wait_job(
+                ns,
+                name,
+                Duration::from_secs(30)
+                    .saturating_sub(t0.elapsed())
+                    .max(Duration::from_secs(1)),
+                &format!("Running=False {reason}"),
+                |j| {
+                    j.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Running" && c.reason == *reason)
+                    })
+                },
+            )
+            .await
+            .map_err(err)?;
+        let msg = found
+            .status
+            .unwrap_or_default()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Running")
+            .map(|c| c.message)
+            .unwrap_or_default();
+        let rank0 = format!("rank 0 (pod {name}-0): {reason}");
+        if !msg.contains(&rank0) || !msg.contains(detail) {
+            return Err(format!(
+                "{name}: Running condition {msg:?} lacks {rank0:?} or {detail:?}"
+            ));
+        }
+        named.push(format!(
+            "{name} {reason} after {:.0}s",
+            t0.elapsed().as_secs_f64()
+        ));
     }
     let failed = |j: &HeteroTrainingJob| {
         j.status.as_ref().is_some_and(|s| {
@@ -395,20 +429,23 @@ async fn unschedulable(system: &System, ns: &str) -> Result<Row, String> {
                 .any(|c| c.type_ == "Failed" && c.status == "True" && c.reason == "PodsNotReady")
         })
     };
-    system
-        .wait_job(
-            ns,
-            "j",
-            Duration::from_secs(90),
-            "Failed PodsNotReady",
-            failed,
-        )
-        .await
-        .map_err(err)?;
+    for (name, _, _, _) in &cases {
+        system
+            .wait_job(
+                ns,
+                name,
+                Duration::from_secs(90),
+                "Failed PodsNotReady",
+                failed,
+            )
+            .await
+            .map_err(err)?;
+    }
     Ok(Row {
-        case: "unschedulable selector",
+        case: "gang cannot start: selector, image, claim",
         outcome: format!(
-            "Unschedulable named after {named_after:.0}s; Failed (PodsNotReady) after {:.0}s",
+            "named: {}; all Failed (PodsNotReady, timeout 25 s) after {:.0}s",
+            named.join(", "),
             t0.elapsed().as_secs_f64()
         ),
         counted: 0,
@@ -965,7 +1002,7 @@ async fn chaos() {
     let cases: [&str; 10] = [
         "kills",
         "hung-rank",
-        "unschedulable",
+        "not-ready",
         "plan",
         "apiserver",
         "etcd",
@@ -988,7 +1025,7 @@ async fn chaos() {
         let r = match case {
             "kills" => kills(&system, &ns, kills_n).await,
             "hung-rank" => hung_rank(&system, &ns).await,
-            "unschedulable" => unschedulable(&system, &ns).await,
+            "not-ready" => not_ready(&system, &ns).await,
             "plan" => plan_damaged(&system, &ns).await,
             "apiserver" => control_plane_down(&system, &ns, Outage::ApiServer).await,
             "etcd" => control_plane_down(&system, &ns, Outage::Etcd).await,

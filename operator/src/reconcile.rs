@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::events::{self, EventSpec};
 use crate::fetch::{self, Observed};
 use crate::lifecycle::{self, Decision};
+use crate::metrics::stages;
 use crate::names;
 use crate::rebalance::JobKey;
 use crate::status::{self, Extras};
@@ -142,6 +143,11 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     if was != Some(d.phase.as_str()) {
         ctx.metrics.entered(&v.namespace, d.phase.as_str());
     }
+    let m = &ctx.metrics;
+    m.stage(stages::FETCH, t_fetch.as_secs_f64());
+    m.stage(stages::APPLY, (t_apply - t_fetch).as_secs_f64());
+    m.stage(stages::BALANCE, (t_balance - t_apply).as_secs_f64());
+    m.stage(stages::STATUS, (t0.elapsed() - t_balance).as_secs_f64());
     tracing::debug!(
         fetch_ms = t_fetch.as_millis() as u64,
         apply_ms = (t_apply - t_fetch).as_millis() as u64,

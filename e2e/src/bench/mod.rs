@@ -18,6 +18,7 @@ pub mod split;
 pub mod targets;
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use analysis::{Recovery, RunSummary};
 pub use split::{Paired, Spread};
@@ -280,6 +281,10 @@ pub struct ScalePoint {
     #[serde(default)]
     pub burst_p99_seconds: Option<f64>,
     pub rss_mib: Option<f64>,
+    /// p99 of each reconcile stage (fetch, apply, balance, status) while
+    /// creating, seconds.
+    #[serde(default)]
+    pub burst_stage_p99_seconds: BTreeMap<String, f64>,
     /// Seconds from creating the jobs until every pod ran and the operator
     /// reported every job Running.
     pub seconds_to_running: f64,

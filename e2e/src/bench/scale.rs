@@ -63,8 +63,17 @@ fn scale_job(name: &str) -> Result<HeteroTrainingJob> {
 /// Cumulative histogram buckets (upper bound → count) of every series whose
 /// name contains `name` and ends in `_bucket`, summed over label sets.
 pub fn histogram(text: &str, name: &str) -> BTreeMap<u64, f64> {
+    histogram_where(text, name, "")
+}
+
+/// [`histogram`] of the series whose line also contains `label` (e.g.
+/// `stage="apply"`).
+pub fn histogram_where(text: &str, name: &str, label: &str) -> BTreeMap<u64, f64> {
     let mut out: BTreeMap<u64, f64> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(label))
+    {
         let Some((key, value)) = line.rsplit_once(' ') else {
             continue;
         };
@@ -164,7 +173,10 @@ fn proc_mib(path: &str, field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn operator_histogram(system: &System) -> Result<BTreeMap<u64, f64>> {
+/// The reconcile stages the operator times apart.
+const STAGES: [&str; 4] = ["fetch", "apply", "balance", "status"];
+
+fn operator_metrics(system: &System) -> Result<String> {
     let port = system
         .operator_http_port()
         .ok_or_else(|| anyhow!("the operator is not running"))?;
@@ -172,7 +184,20 @@ fn operator_histogram(system: &System) -> Result<BTreeMap<u64, f64>> {
     if code != 200 {
         bail!("operator /metrics answered {code}");
     }
-    Ok(histogram(&body, "reconcile_duration"))
+    Ok(body)
+}
+
+fn operator_histogram(system: &System) -> Result<BTreeMap<u64, f64>> {
+    Ok(histogram(&operator_metrics(system)?, "reconcile_duration_"))
+}
+
+/// Each stage's histogram.
+fn stage_histograms(system: &System) -> Result<Vec<BTreeMap<u64, f64>>> {
+    let text = operator_metrics(system)?;
+    Ok(STAGES
+        .iter()
+        .map(|s| histogram_where(&text, "reconcile_stage_duration", &format!("stage=\"{s}\"")))
+        .collect())
 }
 
 async fn running_pods(api: &Api<Pod>) -> Result<usize> {
@@ -230,6 +255,7 @@ async fn grow(
     sorted.dedup();
     for &n in &sorted {
         let before = operator_histogram(system)?;
+        let stages_before = stage_histograms(system)?;
         let t0 = Instant::now();
         say(&format!(
             "    creating jobs {}..{} ({} pods in all)",
@@ -304,6 +330,7 @@ async fn grow(
             hold.as_secs_f64()
         ));
         let running = operator_histogram(system)?;
+        let stages_running = stage_histograms(system)?;
         tokio::time::sleep(hold).await;
         let after = operator_histogram(system)?;
         let burst = delta(&before, &running);
@@ -318,6 +345,13 @@ async fn grow(
             burst_p50_seconds: histogram_quantile(&burst, 0.5),
             burst_p99_seconds: histogram_quantile(&burst, 0.99),
             rss_mib: system.operator_pid().and_then(rss_mib),
+            burst_stage_p99_seconds: STAGES
+                .iter()
+                .zip(stages_before.iter().zip(&stages_running))
+                .filter_map(|(s, (a, b))| {
+                    Some((s.to_string(), histogram_quantile(&delta(a, b), 0.99)?))
+                })
+                .collect(),
             seconds_to_running: to_running,
         };
         let [p50, p99, burst_p50, burst_p99] = p.latencies_ms().map(|v| v.unwrap_or(f64::NAN));
@@ -326,6 +360,15 @@ async fn grow(
             p.reconciles,
             p.burst_reconciles,
             p.rss_mib.unwrap_or(f64::NAN)
+        ));
+        let stage_p99: Vec<String> = p
+            .burst_stage_p99_seconds
+            .iter()
+            .map(|(s, v)| format!("{s} {:.1} ms", v * 1000.0))
+            .collect();
+        say(&format!(
+            "    {n} jobs: p99 per reconcile stage while creating: {}",
+            stage_p99.join(", ")
         ));
         points.push(p);
     }

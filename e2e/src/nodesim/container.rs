@@ -8,6 +8,11 @@
 //! known for HeteroTrain's images only (`…/heterotrain-trainer:*` →
 //! `heterotrain-trainer`, `…/heterotrain-operator:*` → `heterotrain-operator`).
 //!
+//! Image pulls: nothing is pulled, but an image whose registry host ends in
+//! `.invalid` (a name that can never resolve, RFC 2606) fails to pull as a
+//! kubelet's would: the pod stays Pending with its container waiting in
+//! `ImagePullBackOff` ([`unpullable`]).
+//!
 //! Simulated GPUs are CPU shares: a container that requests `nvidia.com/gpu`
 //! has `--device cuda` rewritten to `--device cpu` and `--backend nccl` to
 //! `--backend gloo` in its arguments, and gets `HETEROTRAIN_SIMULATED_GPU`
@@ -67,6 +72,14 @@ pub fn argv(container: &Container) -> Result<Vec<String>> {
     }
     argv.extend(container.args.clone().unwrap_or_default());
     Ok(argv)
+}
+
+/// The container's image when it cannot be pulled (see the module docs).
+pub fn unpullable(container: &Container) -> Option<String> {
+    let image = container.image.clone()?;
+    let (host, _) = image.split_once('/')?;
+    let host = host.split(':').next().unwrap_or(host);
+    host.ends_with(".invalid").then_some(image)
 }
 
 /// Whether the container asks for a GPU.
@@ -137,6 +150,34 @@ mod tests {
                 "--lr",
                 "cuda"
             ]
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_image(image: &str) -> Container {
+        Container {
+            name: "trainer".into(),
+            image: Some(image.into()),
+            ..Container::default()
+        }
+    }
+
+    #[test]
+    fn only_images_of_an_invalid_registry_fail_to_pull() {
+        assert_eq!(
+            unpullable(&with_image("registry.invalid/nope:1")).as_deref(),
+            Some("registry.invalid/nope:1")
+        );
+        assert!(unpullable(&with_image("registry.invalid:5000/nope")).is_some());
+        assert!(unpullable(&with_image("ghcr.io/heterotrain/heterotrain-trainer:0.1")).is_none());
+        assert!(unpullable(&with_image("heterotrain-trainer")).is_none());
+        assert!(
+            unpullable(&with_image("library/x.invalid")).is_none(),
+            "a path, not a host"
         );
     }
 }

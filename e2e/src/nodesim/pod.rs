@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use super::cgroup::{join_from_child, Cgroup};
-use super::container::{argv, cpu_limit, find_program, simulate_gpu_args, wants_gpu};
+use super::container::{argv, cpu_limit, find_program, simulate_gpu_args, unpullable, wants_gpu};
 use super::{status, Ctx};
 use crate::keeper::{signal_group, spawn_tied};
 
@@ -127,6 +127,13 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
         .first()
         .cloned()
         .ok_or_else(|| anyhow!("pod has no containers"))?;
+    if unpullable(&container).is_some() {
+        status::patch(ctx, pod, status::image_pull_backoff(&container, &at)).await?;
+        while !running.terminating.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        return Ok(());
+    }
     if !node.run_processes {
         return status::patch(ctx, pod, status::running(&ip, &at, &container, None)).await;
     }

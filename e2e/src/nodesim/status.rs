@@ -79,6 +79,17 @@ pub fn terminated(
                "startedAt": started, "finishedAt": finished}}}]})
 }
 
+/// Pending since `at`, its container's image not pullable.
+pub fn image_pull_backoff(container: &Container, at: &str) -> Value {
+    let image = container.image.clone().unwrap_or_default();
+    json!({"phase": "Pending", "hostIP": "127.0.0.1", "startTime": at,
+           "conditions": conditions(false, at),
+           "containerStatuses": [{"name": container.name, "ready": false, "restartCount": 0,
+             "image": image, "imageID": "", "started": false,
+             "state": {"waiting": {"reason": "ImagePullBackOff",
+               "message": format!("Back-off pulling image \"{image}\"")}}}]})
+}
+
 /// Failed at `at` before its process started, with `message`.
 pub fn start_error(message: &str, at: &str) -> Value {
     json!({"phase": "Failed", "reason": "StartError", "message": message,

@@ -49,6 +49,7 @@ fn targets_follow_the_measurements() {
         burst_p50_seconds: None,
         burst_p99_seconds: Some(3.0),
         rss_mib: Some(151.0),
+        burst_stage_p99_seconds: Default::default(),
         seconds_to_running: 1.0,
     });
     let c = check_targets(&r, 2.0);
