@@ -120,7 +120,7 @@ pub fn cpu_limit(container: &Container, node_cpu: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::simulate_gpu_args;
+    use super::*;
 
     #[test]
     fn gpu_args_become_cpu_args() {
@@ -155,7 +155,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod tests {
+mod image_tests {
     use super::*;
 
     fn with_image(image: &str) -> Container {
