@@ -1,19 +1,24 @@
-//! The jobs' children in memory: reflector stores of the pods and plan
-//! ConfigMaps the operator manages (the `managed-by` label), one pair per
-//! watched scope, fed by the very watch streams that trigger reconciles
-//! (so a reconcile a pod change wakes sees that change). A reconcile reads
-//! its job's pods and plan from here, with no request to the API server.
+//! The jobs' children in memory: a compact cache of the rank pods and a
+//! reflector store of the plan ConfigMaps the operator manages (the
+//! `managed-by` label), one pair per watched scope, fed by the very watch
+//! streams that trigger reconciles (so a reconcile a pod change wakes sees
+//! that change). A reconcile reads its job's pods and plan from here, with
+//! no request to the API server.
 //!
-//! Pods are kept slim ([`slim_pod`]): only what [`RankPod`] reads, so
-//! thousands of pods cost little memory.
+//! Pods are cached as what the operator decides on ([`RankPod`], a few
+//! hundred bytes) and indexed by namespace and job, so thousands of pods
+//! cost little memory and a reconcile reads only its own job's.
 
-use std::sync::RwLock;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use heterotrain_crds::labels;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::ResourceExt;
+use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::fetch::{split_by_owner, Observed, RankPod};
@@ -23,15 +28,121 @@ use crate::plan;
 /// How long a reconcile waits for a scope's first list.
 const READY_WAIT: Duration = Duration::from_secs(30);
 
-/// The stores of one watched scope (`None`: every namespace).
+/// `(namespace, job)`.
+type JobRef = (String, String);
+
+/// Rank pods by namespace and job label, reduced to [`RankPod`]s, kept
+/// up to date by [`PodCache::apply`] from a pod watch.
+pub struct PodCache {
+    jobs: RwLock<HashMap<JobRef, BTreeMap<String, RankPod>>>,
+    /// Pods of a (re-)list in progress, swapped in when it is done.
+    relist: Mutex<HashMap<JobRef, BTreeMap<String, RankPod>>>,
+    ready: watch::Sender<bool>,
+}
+
+impl Default for PodCache {
+    fn default() -> PodCache {
+        PodCache {
+            jobs: RwLock::default(),
+            relist: Mutex::default(),
+            ready: watch::channel(false).0,
+        }
+    }
+}
+
+/// Where a pod goes in the cache: its namespace and job label.
+fn job_of(pod: &Pod) -> Option<JobRef> {
+    Some((
+        pod.metadata.namespace.clone()?,
+        pod.labels().get(labels::JOB)?.clone(),
+    ))
+}
+
+impl PodCache {
+    /// Fold one watch event in.
+    pub fn apply(&self, event: &watcher::Event<Pod>) {
+        match event {
+            watcher::Event::Apply(pod) => {
+                let Some(key) = job_of(pod) else { return };
+                if let Ok(mut jobs) = self.jobs.write() {
+                    let p = RankPod::from_pod(pod);
+                    jobs.entry(key).or_default().insert(p.name.clone(), p);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                let Some(key) = job_of(pod) else { return };
+                if let Ok(mut jobs) = self.jobs.write() {
+                    if let Some(pods) = jobs.get_mut(&key) {
+                        pods.remove(&pod.name_any());
+                        if pods.is_empty() {
+                            jobs.remove(&key);
+                        }
+                    }
+                }
+            }
+            watcher::Event::Init => {
+                self.relist.lock().map(|mut r| r.clear()).ok();
+            }
+            watcher::Event::InitApply(pod) => {
+                let Some(key) = job_of(pod) else { return };
+                if let Ok(mut r) = self.relist.lock() {
+                    let p = RankPod::from_pod(pod);
+                    r.entry(key).or_default().insert(p.name.clone(), p);
+                }
+            }
+            watcher::Event::InitDone => {
+                let listed = self
+                    .relist
+                    .lock()
+                    .map(|mut r| std::mem::take(&mut *r))
+                    .unwrap_or_default();
+                if let Ok(mut jobs) = self.jobs.write() {
+                    *jobs = listed;
+                }
+                self.ready.send_replace(true);
+            }
+        }
+    }
+
+    /// The pods of job `job` in `namespace`.
+    pub fn of_job(&self, namespace: &str, job: &str) -> Vec<RankPod> {
+        let key = (namespace.to_string(), job.to_string());
+        self.jobs
+            .read()
+            .ok()
+            .and_then(|j| j.get(&key).map(|p| p.values().cloned().collect()))
+            .unwrap_or_default()
+    }
+
+    /// Pods cached, over all jobs.
+    pub fn len(&self) -> usize {
+        self.jobs
+            .read()
+            .map(|j| j.values().map(BTreeMap::len).sum())
+            .unwrap_or(0)
+    }
+
+    /// Whether no pod is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Wait until the first list is in.
+    async fn wait_until_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+}
+
+/// The caches of one watched scope (`None`: every namespace).
 #[derive(Clone)]
 struct Scope {
     namespace: Option<String>,
-    pods: Store<Pod>,
+    pods: Arc<PodCache>,
     configmaps: Store<ConfigMap>,
 }
 
-/// The stores of every scope this replica watches.
+/// The caches of every scope this replica watches.
 #[derive(Default)]
 pub struct Children {
     scopes: RwLock<Vec<Scope>>,
@@ -47,7 +158,7 @@ impl Children {
     pub fn register(
         &self,
         namespace: Option<String>,
-        pods: Store<Pod>,
+        pods: Arc<PodCache>,
         configmaps: Store<ConfigMap>,
     ) {
         if let Ok(mut s) = self.scopes.write() {
@@ -81,7 +192,7 @@ impl Children {
             .scope(namespace)
             .ok_or(Error::CacheNotReady("no watch covers the namespace"))?;
         let ready = async {
-            s.pods.wait_until_ready().await?;
+            s.pods.wait_until_ready().await;
             s.configmaps.wait_until_ready().await
         };
         match tokio::time::timeout(READY_WAIT, ready).await {
@@ -93,42 +204,25 @@ impl Children {
     }
 }
 
-/// A job's children out of the stores.
+/// A job's children out of the caches.
 fn observed(
-    pods: &Store<Pod>,
+    pods: &PodCache,
     configmaps: &Store<ConfigMap>,
     namespace: &str,
     job: &str,
     uid: &str,
 ) -> Observed {
-    let mine = pods.state_filter(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace)
-            && p.labels().get(labels::JOB).map(String::as_str) == Some(job)
-    });
     let plan_name = names::plan_configmap(job);
     let cm = configmaps.find(|c| {
         c.metadata.namespace.as_deref() == Some(namespace)
             && c.metadata.name.as_deref() == Some(plan_name.as_str())
     });
-    let (pods, foreign) = split_by_owner(mine.iter().map(|p| RankPod::from_pod(p)).collect(), uid);
+    let (pods, foreign) = split_by_owner(pods.of_job(namespace, job), uid);
     Observed {
         pods,
         foreign,
         plan: plan::read(cm.as_deref()),
     }
-}
-
-/// Drop what the operator never reads of a pod before it is cached: the
-/// managed fields and the whole spec but the node name. Status, labels,
-/// annotations and owner references stay.
-pub fn slim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    pod.spec = Some(PodSpec {
-        node_name,
-        containers: Vec::new(),
-        ..PodSpec::default()
-    });
 }
 
 /// Drop the managed fields of a cached ConfigMap.
@@ -149,8 +243,7 @@ mod tests {
                 "name": name, "namespace": ns,
                 "labels": {labels::JOB: job, labels::RANK: rank.to_string()},
                 "ownerReferences": [{"apiVersion": "heterotrain.dev/v1alpha1",
-                    "kind": "HeteroTrainingJob", "name": job, "uid": uid, "controller": true}],
-                "managedFields": [{"manager": "x", "operation": "Apply"}]
+                    "kind": "HeteroTrainingJob", "name": job, "uid": uid, "controller": true}]
             },
             "spec": {"nodeName": "n1", "containers": [{"name": "trainer", "image": "i"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1"}
@@ -158,38 +251,41 @@ mod tests {
         .expect("pod")
     }
 
+    fn names(pods: &[RankPod]) -> Vec<&str> {
+        pods.iter().map(|p| p.name.as_str()).collect()
+    }
+
     #[test]
     fn a_job_sees_its_own_pods_and_plan_only() {
-        let (pods, mut pw) = store::<Pod>();
+        let cache = PodCache::default();
         let (cms, mut cw) = store::<ConfigMap>();
-        let mut all = vec![
+        cache.apply(&Event::Init);
+        for p in [
             pod("a", "j-0", "j", "u1", 0),
             pod("a", "j-1", "j", "u1", 1),
             pod("a", "k-0", "k", "u2", 0),
             pod("b", "j-0", "j", "u3", 0),
             pod("a", "j-old", "j", "u0", 1),
-        ];
-        all.iter_mut().for_each(slim_pod);
-        pw.apply_watcher_event(&Event::Init);
-        for p in &all {
-            pw.apply_watcher_event(&Event::InitApply(p.clone()));
+        ] {
+            cache.apply(&Event::InitApply(p));
         }
-        pw.apply_watcher_event(&Event::InitDone);
+        assert!(cache.is_empty(), "nothing shows before the list is done");
+        cache.apply(&Event::InitDone);
+        assert_eq!(cache.len(), 5);
         let cm: ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": names::plan_configmap("j"), "namespace": "a"},
             "data": {"plan.json": "{}"}
         }))
         .expect("cm");
         cw.apply_watcher_event(&Event::Apply(cm));
-        let o = observed(&pods, &cms, "a", "j", "u1");
-        let mut names: Vec<_> = o.pods.iter().map(|p| p.name.as_str()).collect();
-        names.sort();
-        assert_eq!(names, ["j-0", "j-1"]);
-        assert_eq!(o.foreign.len(), 1, "the old job's pod is foreign");
+        let o = observed(&cache, &cms, "a", "j", "u1");
+        assert_eq!(names(&o.pods), ["j-0", "j-1"]);
+        assert_eq!(names(&o.foreign), ["j-old"], "the old job's pod is foreign");
         assert_eq!(o.pods[0].node_name.as_deref(), Some("n1"));
         assert_eq!(o.pods[0].pod_ip.as_deref(), Some("10.0.0.1"));
+        assert_eq!(o.pods[0], RankPod::from_pod(&pod("a", "j-0", "j", "u1", 0)));
         assert!(o.plan.exists);
-        let other = observed(&pods, &cms, "b", "j", "u3");
+        let other = observed(&cache, &cms, "b", "j", "u3");
         assert_eq!(other.pods.len(), 1);
         assert!(
             !other.plan.exists,
@@ -198,21 +294,39 @@ mod tests {
     }
 
     #[test]
-    fn slim_pods_keep_what_rank_pods_read() {
-        let full = pod("a", "j-0", "j", "u1", 0);
-        let mut slim = full.clone();
-        slim_pod(&mut slim);
-        assert!(slim.metadata.managed_fields.is_none());
-        assert!(slim.spec.as_ref().is_some_and(|s| s.containers.is_empty()));
-        assert_eq!(RankPod::from_pod(&full), RankPod::from_pod(&slim));
+    fn changes_deletes_and_a_relist_are_folded_in() {
+        let cache = PodCache::default();
+        cache.apply(&Event::Init);
+        cache.apply(&Event::InitApply(pod("a", "j-0", "j", "u", 0)));
+        cache.apply(&Event::InitDone);
+        let mut failed = pod("a", "j-0", "j", "u", 0);
+        failed.status.as_mut().expect("status").phase = Some("Failed".into());
+        cache.apply(&Event::Apply(failed));
+        cache.apply(&Event::Apply(pod("a", "j-1", "j", "u", 1)));
+        let now = cache.of_job("a", "j");
+        assert_eq!(names(&now), ["j-0", "j-1"]);
+        assert_eq!(now[0].phase, crate::fetch::Phase::Failed);
+        cache.apply(&Event::Delete(pod("a", "j-0", "j", "u", 0)));
+        assert_eq!(names(&cache.of_job("a", "j")), ["j-1"]);
+        // A re-list (the watch restarted) replaces everything: j-1 went
+        // while the watch was down, j-2 came.
+        cache.apply(&Event::Init);
+        cache.apply(&Event::InitApply(pod("a", "j-2", "j", "u", 2)));
+        assert_eq!(
+            names(&cache.of_job("a", "j")),
+            ["j-1"],
+            "old state until done"
+        );
+        cache.apply(&Event::InitDone);
+        assert_eq!(names(&cache.of_job("a", "j")), ["j-2"]);
+        assert_eq!(cache.len(), 1);
     }
 
     #[tokio::test]
     async fn a_namespace_without_a_watch_is_an_error_not_an_empty_job() {
         let c = Children::new();
-        let (pods, _pw) = store::<Pod>();
         let (cms, _cw) = store::<ConfigMap>();
-        c.register(Some("a".into()), pods, cms);
+        c.register(Some("a".into()), Arc::new(PodCache::default()), cms);
         let e = c.observe("b", "j", "u").await.expect_err("no scope");
         assert!(matches!(e, Error::CacheNotReady(_)), "{e}");
         assert!(e.is_transient());

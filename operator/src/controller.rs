@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
@@ -19,6 +19,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{error, info, warn, Instrument};
 
+use crate::children::PodCache;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::guard;
@@ -131,13 +132,12 @@ async fn run_scope(
     }
     // Pods and plan ConfigMaps are cached (a reconcile reads them from
     // memory) by the same streams that wake the jobs they belong to.
-    let (pods, pod_writer) = reflector::store::<Pod>();
+    let pods = Arc::new(PodCache::default());
     let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
-    ctx.children.register(ns.clone(), pods, configmaps);
+    ctx.children.register(ns.clone(), pods.clone(), configmaps);
     let pod_events = watcher(api!(Pod), owned.clone())
         .default_backoff()
-        .modify(crate::children::slim_pod)
-        .reflect(pod_writer)
+        .inspect_ok(move |e| pods.apply(e))
         .touched_objects();
     let cm_events = watcher(api!(ConfigMap), owned.clone())
         .default_backoff()
