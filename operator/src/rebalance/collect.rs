@@ -113,7 +113,15 @@ impl Collector {
         let (jobs, wakers, permits) =
             (self.jobs.clone(), self.wakers.clone(), self.permits.clone());
         let (key, tag, scraper) = (key.clone(), tag.to_string(), scraper.clone());
+        // However the task ends (a panic, aborted, the runtime stopping),
+        // the job's next round may start a read again.
+        let release = InFlight {
+            jobs: jobs.clone(),
+            key: key.clone(),
+            tag: tag.clone(),
+        };
         Some(tokio::spawn(async move {
+            let _release = release;
             let _permit = permits.acquire_owned().await.ok();
             let ranks = request.run(&scraper).await;
             let kept = jobs.lock().ok().is_some_and(|mut jobs| {
@@ -152,6 +160,23 @@ impl Collector {
     pub fn clear(&self) {
         self.jobs.lock().map(|mut j| j.clear()).ok();
         self.wakers.lock().map(|mut w| w.clear()).ok();
+    }
+}
+
+/// Marks a job's read as no longer in flight when dropped.
+struct InFlight {
+    jobs: Arc<Mutex<HashMap<JobKey, Slot>>>,
+    key: JobKey,
+    tag: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            if let Some(slot) = jobs.get_mut(&self.key).filter(|s| s.tag == self.tag) {
+                slot.in_flight = false;
+            }
+        }
     }
 }
 

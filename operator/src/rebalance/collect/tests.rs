@@ -112,3 +112,18 @@ async fn a_forgotten_job_is_neither_kept_nor_woken() {
     let r = c.take(&elsewhere, "u/0").expect("kept");
     assert!(r.ranks[0].is_err(), "a rank without an IP is an error");
 }
+
+#[tokio::test]
+async fn a_read_cut_short_lets_the_next_one_start() {
+    let (port, _held) = held_server().await;
+    let (c, _woken, scraper) = setup();
+    let key = JobKey::new("ns", "j");
+    let task = c
+        .start(&key, "uid/0", pods(port), &scraper)
+        .expect("read starts");
+    assert!(c.start(&key, "uid/0", pods(port), &scraper).is_none());
+    // The task ends without an answer (as on a panic): not left in flight.
+    task.abort();
+    let _ = task.await;
+    assert!(c.start(&key, "uid/0", pods(port), &scraper).is_some());
+}
