@@ -19,7 +19,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::run_policy::RunPolicy;
+pub use crate::run_policy::{GangScheduler, RunPolicy, SchedulingPolicy};
 
 /// Pattern of a decimal number written as a string, e.g. "0.1", "3e-4".
 pub const DECIMAL_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$";

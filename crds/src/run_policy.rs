@@ -67,6 +67,66 @@ pub struct RunPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 30, max = 86400))]
     pub progress_deadline_seconds: Option<u32>,
+    /// Gang scheduling and queues: with Volcano or scheduler-plugins the
+    /// operator creates a PodGroup for the job and points the pods at it;
+    /// with Kueue the pods carry Kueue's pod-group labels so the gang is
+    /// admitted as a whole. Used only where the scheduler's API is served;
+    /// unset: pods are scheduled one by one by the default scheduler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_policy: Option<SchedulingPolicy>,
+}
+
+/// Which gang scheduler wires a job's pods together.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum GangScheduler {
+    /// The first whose API the cluster serves, in this order: Volcano
+    /// (`scheduling.volcano.sh/v1beta1` PodGroup), scheduler-plugins
+    /// (`scheduling.x-k8s.io/v1alpha1` PodGroup), Kueue
+    /// (`kueue.x-k8s.io/v1beta1`, only with `queue` set). None served: no
+    /// wiring, and a `GangSchedulerMissing` warning Event.
+    #[default]
+    Auto,
+    /// A Volcano PodGroup (`minMember`, `queue`, `priorityClassName`);
+    /// pods get `schedulerName: volcano` (unless `schedulerName` says
+    /// otherwise) and the `scheduling.k8s.io/group-name` annotation.
+    Volcano,
+    /// A scheduler-plugins (coscheduling) PodGroup with `minMember`; pods
+    /// get the `scheduling.x-k8s.io/pod-group` label. Set `schedulerName`
+    /// to the name the plugins' scheduler runs under.
+    SchedulerPlugins,
+    /// Kueue's plain-pod groups: pods carry `kueue.x-k8s.io/queue-name`
+    /// (`queue`, a LocalQueue), `kueue.x-k8s.io/pod-group-name` and the
+    /// `kueue.x-k8s.io/pod-group-total-count` annotation.
+    Kueue,
+    /// No gang wiring: only `schedulerName` and `priorityClass` are applied.
+    None,
+}
+
+/// `runPolicy.schedulingPolicy`, as Kubeflow's training operators name it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingPolicy {
+    /// Which gang scheduler to wire the pods to. Default `Auto`.
+    #[serde(default)]
+    pub gang_scheduler: GangScheduler,
+    /// `schedulerName` of every rank pod. Default: `volcano` with a
+    /// Volcano PodGroup, the cluster's default scheduler otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    /// The Volcano queue of the PodGroup, or the Kueue LocalQueue (in the
+    /// job's namespace) that admits the gang. Required for Kueue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// PriorityClass of the PodGroup and of every rank pod whose worker
+    /// group sets no `priorityClassName` of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    /// How many ranks must be placeable together before any starts (the
+    /// PodGroup's `minMember`). Default: every rank, since a gang with a
+    /// missing rank cannot train.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub min_available: Option<u32>,
 }
 
 /// The trainer's collective timeout when `collectiveTimeoutSeconds` is unset.
@@ -97,6 +157,7 @@ impl Default for RunPolicy {
             rendezvous_timeout_seconds: None,
             pods_ready_timeout_seconds: None,
             progress_deadline_seconds: None,
+            scheduling_policy: None,
         }
     }
 }

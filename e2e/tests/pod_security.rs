@@ -23,6 +23,7 @@ fn rendered_pods(
         default_image: "registry.example/heterotrain-trainer:1".into(),
         restart_count,
         metrics_from: vec!["heterotrain-system".into()],
+        gang: None,
     };
     desired(&v, &inputs).expect("build").pods
 }

@@ -6,7 +6,9 @@ use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy,
+};
 use kube::Client;
 use serde::Serialize;
 
@@ -47,6 +49,32 @@ where
     Ok(())
 }
 
+/// Server-side apply `obj`, of the API `api`, in namespace `ns`.
+async fn apply_dynamic(
+    client: &Client,
+    ns: &str,
+    api: &ApiResource,
+    obj: &DynamicObject,
+) -> Result<()> {
+    let name = obj
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize {
+        what: "PodGroup",
+        source,
+    })?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), api.api_version.clone().into());
+        map.insert("kind".into(), api.kind.clone().into());
+    }
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, api)
+        .patch(&name, &ssa(), &Patch::Apply(value))
+        .await?;
+    Ok(())
+}
+
 /// A delete's outcome, where an object already gone counts as deleted.
 fn deleted<T>(result: kube::Result<T>) -> Result<()> {
     match result {
@@ -57,7 +85,7 @@ fn deleted<T>(result: kube::Result<T>) -> Result<()> {
 }
 
 /// Apply what a gang needs before its pods: the Service, the trainers'
-/// Role and RoleBinding and the NetworkPolicies, concurrently (one round
+/// Role and RoleBinding, the NetworkPolicies and the PodGroup, concurrently (one round
 /// trip of latency, two for the Role and then its binding). Without
 /// policies in `desired` (isolation off) the job's policies are deleted.
 /// The caller creates pods only after this returns, so the policies are
@@ -82,7 +110,18 @@ pub async fn children(client: &Client, ns: &str, desired: &Desired) -> Result<()
         }
         Ok(())
     };
-    futures::try_join!(apply(client, ns, &desired.service), access, policies)?;
+    let pod_group = async {
+        match &desired.pod_group {
+            Some((api, group)) => apply_dynamic(client, ns, api, group).await,
+            None => Ok(()),
+        }
+    };
+    futures::try_join!(
+        apply(client, ns, &desired.service),
+        access,
+        policies,
+        pod_group
+    )?;
     Ok(())
 }
 

@@ -70,6 +70,9 @@ pub mod reasons {
     pub const STALLED: &str = "Stalled";
     pub const NETWORK_POLICIES: &str = "NetworkPolicies";
     pub const ISOLATION_DISABLED: &str = "IsolationDisabled";
+    /// Event: `schedulingPolicy` asks for a gang scheduler the cluster
+    /// does not serve; the gang is created without one.
+    pub const GANG_SCHEDULER_MISSING: &str = "GangSchedulerMissing";
 }
 
 /// One desired condition (without timestamps).

@@ -14,6 +14,7 @@ use kube::Client;
 use crate::children::Children;
 use crate::config::OperatorConfig;
 use crate::events::{self, EventSpec};
+use crate::gang::Discovery;
 use crate::leader::health::LeaseHealth;
 use crate::metrics::Metrics;
 use crate::rebalance::collect::Collector;
@@ -34,6 +35,8 @@ pub struct Context {
     pub(crate) rebalancer: Rebalancer,
     /// Metric reads in flight and done, per job.
     pub collector: Collector,
+    /// Which gang schedulers the cluster serves.
+    pub gang: Discovery,
     /// Consecutive failed reconciles per job (and when last counted).
     failures: Mutex<HashMap<JobKey, (u32, Instant)>>,
     /// The last refusal reported per job (`CreateRefused`), so one refusal
@@ -72,6 +75,7 @@ impl Context {
             children: Children::new(),
             rebalancer: Rebalancer::new(),
             collector: Collector::new(),
+            gang: Discovery::default(),
             failures: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),

@@ -25,6 +25,7 @@ pub mod controller;
 pub mod error;
 pub mod events;
 pub mod fetch;
+pub mod gang;
 pub mod guard;
 pub mod leader;
 pub mod lifecycle;

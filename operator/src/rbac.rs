@@ -106,6 +106,20 @@ pub const NAMESPACED_RULES: &[Rule] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
         why: "each job's NetworkPolicy (server-side apply)",
     },
+    Rule {
+        api_group: "scheduling.volcano.sh",
+        resources: &["podgroups"],
+        resource_names: &[],
+        verbs: &["get", "create", "patch"],
+        why: "the PodGroup of a job with runPolicy.schedulingPolicy where Volcano is installed (server-side apply)",
+    },
+    Rule {
+        api_group: "scheduling.x-k8s.io",
+        resources: &["podgroups"],
+        resource_names: &[],
+        verbs: &["get", "create", "patch"],
+        why: "the PodGroup of a job with runPolicy.schedulingPolicy where scheduler-plugins is installed (server-side apply)",
+    },
 ];
 
 /// Cluster-scoped rules (reads only).

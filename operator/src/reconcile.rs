@@ -25,7 +25,7 @@ use crate::names;
 use crate::rebalance::JobKey;
 use crate::status::{self, Extras};
 use crate::validate::{self, Checked, ValidatedJob};
-use crate::{apply, guard, plan};
+use crate::{apply, gang, guard, plan};
 
 /// Reconcile one watched object.
 #[instrument(skip_all, fields(job = %obj.name_any(), ns = obj.namespace().unwrap_or_default()))]
@@ -254,6 +254,7 @@ async fn apply_decision(
             default_image: ctx.config.trainer_image.clone(),
             restart_count: d.restarts,
             metrics_from: ctx.config.metrics_from(),
+            gang: gang_wiring(ctx, v).await?,
         };
         let desired = build::desired(v, &inputs)?;
         let first_plan = async {
@@ -290,6 +291,28 @@ async fn apply_decision(
         apply::delete_job(client, &v.namespace, &v.name).await?;
     }
     Ok(written)
+}
+
+/// The gang scheduler this gang's pods are wired to: none without a
+/// `schedulingPolicy`; where the policy asks for one the cluster does not
+/// serve, none and a `GangSchedulerMissing` warning Event.
+async fn gang_wiring(ctx: &Context, v: &ValidatedJob<'_>) -> Result<Option<gang::Wiring>> {
+    let Some(policy) = v.spec().run_policy.scheduling_policy.as_ref() else {
+        return Ok(None);
+    };
+    let served = ctx.gang.served(&ctx.client).await?;
+    match gang::choose(policy, served) {
+        Ok(w) => Ok(w),
+        Err(why) => {
+            let e = EventSpec {
+                warning: true,
+                reason: reasons::GANG_SCHEDULER_MISSING.into(),
+                note: why,
+            };
+            ctx.event(v.job, &e).await;
+            Ok(None)
+        }
+    }
 }
 
 /// Pods with the job's labels that another job (an earlier one of the same

@@ -42,6 +42,14 @@ them. Each rule says why the operator needs it.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# the PodGroup of a job with runPolicy.schedulingPolicy where Volcano is installed (server-side apply)
+- apiGroups: ["scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "patch"]
+# the PodGroup of a job with runPolicy.schedulingPolicy where scheduler-plugins is installed (server-side apply)
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped rules: reads only. */}}

@@ -18,6 +18,7 @@ fn inputs(restart: u32) -> BuildInputs {
         default_image: "default/trainer:1".into(),
         restart_count: restart,
         metrics_from: vec!["heterotrain-system".into(), "monitoring".into()],
+        gang: None,
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use heterotrain_crds::{HeteroTrainingJobSpec, WorkerGroup};
+use heterotrain_crds::{GangScheduler, HeteroTrainingJobSpec, SchedulingPolicy, WorkerGroup};
 
 use crate::rank_pod::{
     is_operator_annotation, is_operator_label, operator_mounts, OPERATOR_VOLUMES, SHM_PATH,
@@ -244,6 +244,43 @@ pub fn check_group(
                 format!("{:?} is not a valid Secret name", s.name),
             );
         }
+    }
+}
+
+/// Check `runPolicy.schedulingPolicy` of a job with `ranks` ranks.
+pub fn check_scheduling(policy: &SchedulingPolicy, ranks: u64, bad: &mut dyn FnMut(&str, String)) {
+    let f = |x: &str| format!("spec.runPolicy.schedulingPolicy.{x}");
+    for (field, name) in [
+        ("schedulerName", &policy.scheduler_name),
+        ("queue", &policy.queue),
+        ("priorityClass", &policy.priority_class),
+    ] {
+        if let Some(n) = name.as_ref().filter(|n| !is_dns_subdomain(n)) {
+            bad(
+                &f(field),
+                format!("{n:?} is not a valid name (lower-case letters, digits, '-', '.')"),
+            );
+        }
+    }
+    if let Some(m) = policy.min_available {
+        if m == 0 || u64::from(m) > ranks {
+            bad(
+                &f("minAvailable"),
+                format!("minAvailable {m} must be between 1 and the job's {ranks} ranks"),
+            );
+        }
+    }
+    if policy.gang_scheduler == GangScheduler::Kueue && policy.queue.is_none() {
+        bad(
+            &f("queue"),
+            "gangScheduler Kueue needs the LocalQueue that admits the gang: set queue".into(),
+        );
+    }
+    if let Some(q) = policy.queue.as_ref().filter(|q| q.len() > 63) {
+        bad(
+            &f("queue"),
+            format!("queue {q:?} is longer than 63 characters, too long for a label value"),
+        );
     }
 }
 

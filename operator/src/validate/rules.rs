@@ -176,6 +176,9 @@ pub fn validate(
         }
         super::pod_rules::check_group(spec, i, g, &mut bad);
     }
+    if let Some(policy) = &spec.run_policy.scheduling_policy {
+        super::pod_rules::check_scheduling(policy, ranks, &mut bad);
+    }
     if !spec.args.is_empty() && spec.command.is_empty() {
         bad(
             "spec.args",
