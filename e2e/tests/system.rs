@@ -199,6 +199,165 @@ where
     eprintln!("scenario {ns}: passed in {:.0?}", t0.elapsed());
 }
 
+/// A short two-rank run on the `big-cpu` pool with `schedulingPolicy`.
+fn gang_job(name: &str, policy: &str) -> String {
+    format!(
+        r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {{name: {name}}}
+spec:
+  workers:
+    - name: cpu
+      replicas: 2
+      threads: 1
+      nodeSelector: {{pool: big-cpu}}
+      resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
+  model: {{name: mlp, hidden: 32, layers: 1}}
+  dataset: {{name: synthetic_image, syntheticSamples: 1024}}
+  training: {{globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}}
+  loadBalancing: {{policy: static}}
+  profiling: {{enabled: false}}
+  checkpoint: {{everySteps: 0}}
+  runPolicy:
+    schedulingPolicy: {policy}
+"#
+    )
+}
+
+async fn gang_scheduling(system: &System, wait: Duration) -> Result<(), String> {
+    use heterotrain_e2e::crd;
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    use kube::api::{ApiResource, DynamicObject, PostParams};
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let client = system.client().await.map_err(|x| e(&x))?;
+    for c in [crd::volcano_pod_group_crd(), crd::kueue_local_queue_crd()] {
+        crd::install(&client, &c.map_err(|x| e(&x))?)
+            .await
+            .map_err(|x| e(&x))?;
+    }
+    let class: PriorityClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "heterotrain-e2e-high"}, "value": 1000
+    }))
+    .map_err(|x| e(&x))?;
+    Api::<PriorityClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .map_err(|x| e(&x))?;
+    let ns = "gang";
+    let volcano = gang_job(
+        "vc",
+        "{gangScheduler: Volcano, queue: research, priorityClass: heterotrain-e2e-high}",
+    );
+    let kueue = gang_job("kq", "{gangScheduler: Kueue, queue: team-a}");
+    for job in [&volcano, &kueue] {
+        system.create_job(ns, job).await.map_err(|x| e(&x))?;
+    }
+    let mut uid = BTreeMap::new();
+    for name in ["vc", "kq"] {
+        let j = system
+            .wait_job(ns, name, wait, "Succeeded", succeeded)
+            .await
+            .map_err(|x| e(&x))?;
+        uid.insert(name, j.metadata.uid.unwrap_or_default());
+    }
+    // Volcano: the PodGroup, owned by the job, and the pods pointing at it.
+    let api = ApiResource {
+        group: "scheduling.volcano.sh".into(),
+        version: "v1beta1".into(),
+        api_version: "scheduling.volcano.sh/v1beta1".into(),
+        kind: "PodGroup".into(),
+        plural: "podgroups".into(),
+    };
+    let group = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &api)
+        .get("vc")
+        .await
+        .map_err(|x| format!("the Volcano job's PodGroup: {x}"))?;
+    let spec = &group.data["spec"];
+    let owner = group
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .first()
+        .map(|o| o.uid.clone());
+    if spec["minMember"] != 2
+        || spec["queue"] != "research"
+        || spec["priorityClassName"] != "heterotrain-e2e-high"
+        || owner.as_ref() != uid.get("vc")
+    {
+        return Err(format!("PodGroup vc: spec {spec}, owner {owner:?}"));
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let all = pods.list(&ListParams::default()).await.map_err(|x| e(&x))?;
+    let of = |job: &str| -> Vec<&Pod> {
+        all.items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("heterotrain.dev/job"))
+                    .map(String::as_str)
+                    == Some(job)
+            })
+            .collect()
+    };
+    let (vc, kq) = (of("vc"), of("kq"));
+    if vc.len() != 2 || kq.len() != 2 {
+        return Err(format!(
+            "pods: {} of vc, {} of kq; want 2 each",
+            vc.len(),
+            kq.len()
+        ));
+    }
+    for p in vc {
+        let s = p.spec.clone().unwrap_or_default();
+        let group = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("scheduling.k8s.io/group-name"));
+        if s.scheduler_name.as_deref() != Some(heterotrain_e2e::cluster::GANG_SCHEDULER_STAND_IN)
+            || group.map(String::as_str) != Some("vc")
+            || s.priority_class_name.as_deref() != Some("heterotrain-e2e-high")
+            || s.node_name.is_none()
+        {
+            return Err(format!(
+                "Volcano pod {:?}: scheduler {:?}, group {group:?}, priority class {:?}, node {:?}",
+                p.metadata.name, s.scheduler_name, s.priority_class_name, s.node_name
+            ));
+        }
+    }
+    for p in kq {
+        let l = p.metadata.labels.clone().unwrap_or_default();
+        let a = p.metadata.annotations.clone().unwrap_or_default();
+        let s = p.spec.clone().unwrap_or_default();
+        if l.get("kueue.x-k8s.io/queue-name").map(String::as_str) != Some("team-a")
+            || l.get("kueue.x-k8s.io/pod-group-name").map(String::as_str) != Some("kq")
+            || a.get("kueue.x-k8s.io/pod-group-total-count")
+                .map(String::as_str)
+                != Some("2")
+            || s.scheduler_name.as_deref() != Some("default-scheduler")
+        {
+            return Err(format!(
+                "Kueue pod {:?}: labels {l:?}, annotations {a:?}, scheduler {:?}",
+                p.metadata.name, s.scheduler_name
+            ));
+        }
+    }
+    // Kueue's plain-pod groups need no object: none was created.
+    let groups = Api::<DynamicObject>::namespaced_with(client, ns, &api)
+        .list(&ListParams::default())
+        .await
+        .map_err(|x| e(&x))?;
+    if groups.items.len() != 1 {
+        return Err(format!(
+            "{} PodGroups in {ns}, want only vc's",
+            groups.items.len()
+        ));
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end() {
     let mut nodes = NodesFile::parse(NODES).unwrap();
@@ -418,6 +577,15 @@ async fn end_to_end() {
             return Err(format!("static plan changed: {plan:?}"));
         }
         Ok(())
+    })
+    .await;
+
+    // 2b. gang scheduling: with Volcano's PodGroup API and Kueue's API
+    // served (their CRDs; the local scheduler also runs as `volcano`), one
+    // job wired to a Volcano PodGroup and one to a Kueue queue both train
+    // to Succeeded, their pods carrying the wiring.
+    scenario(&system, "gang", || async {
+        gang_scheduling(&system, wait).await
     })
     .await;
 

@@ -60,10 +60,27 @@ pub struct RankPod {
     /// `Unschedulable`, or a container waiting on something other than its
     /// normal start (`ImagePullBackOff`, `CreateContainerConfigError`, …).
     pub waiting: Option<String>,
+    /// Held by a scheduling gate (Kueue's admission gate, 1.26+): queued,
+    /// not stuck.
+    pub gated: bool,
+    /// When the pod was scheduled (its `PodScheduled` condition turned True).
+    pub scheduled_at: Option<Time>,
 }
 
 /// Container waiting reasons that are part of a normal start.
 const NORMAL_WAITING: [&str; 2] = ["ContainerCreating", "PodInitializing"];
+
+/// The names of the scheduling gates holding `pod`, if any.
+fn gates_of(pod: &Pod) -> Option<String> {
+    let gates = pod.spec.as_ref()?.scheduling_gates.as_ref()?;
+    (!gates.is_empty()).then(|| {
+        gates
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
 
 /// `Reason: message` of what keeps `pod` from running, if anything is wrong.
 fn waiting_on(pod: &Pod) -> Option<String> {
@@ -81,6 +98,11 @@ fn waiting_on(pod: &Pod) -> Option<String> {
             format!("{reason}: {m}")
         }
     };
+    if let Some(gates) = gates_of(pod) {
+        return Some(format!(
+            "SchedulingGated: held by {gates} until a queue admits the gang (Kueue: check the LocalQueue and its ClusterQueue's quota)"
+        ));
+    }
     let unschedulable = status.conditions.iter().flatten().find(|c| {
         c.type_ == "PodScheduled"
             && c.status == "False"
@@ -157,6 +179,14 @@ impl RankPod {
                 .map(|o| o.uid.clone()),
             created: pod.metadata.creation_timestamp.clone(),
             waiting: waiting_on(pod),
+            gated: gates_of(pod).is_some(),
+            scheduled_at: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+                })
+                .and_then(|c| c.last_transition_time.clone()),
         }
     }
 }

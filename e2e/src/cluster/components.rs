@@ -15,6 +15,11 @@ use crate::paths::find_binary;
 /// What the API server writes to its audit log (`logs/audit.log`): the
 /// writes of the operator's ServiceAccounts, metadata only, so a test can
 /// tell which replica wrote what and when.
+/// The second scheduler profile's name: the name Volcano's scheduler runs
+/// under, so pods wired to a Volcano PodGroup are placed on the local
+/// control plane too.
+pub const GANG_SCHEDULER_STAND_IN: &str = "volcano";
+
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -122,19 +127,36 @@ impl LocalCluster {
         )
     }
 
+    /// The scheduler, with a second profile under the name Volcano's
+    /// scheduler runs as ([`GANG_SCHEDULER_STAND_IN`]): pods a job wires to
+    /// a Volcano PodGroup are then placed here (one by one, without gang
+    /// semantics), so gang wiring can be run end to end without Volcano.
     pub(super) fn spawn_scheduler(&self) -> Result<()> {
         let kc = self.kubeconfig_path().display().to_string();
+        let config = self.state_dir.join("scheduler.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubescheduler.config.k8s.io/v1beta1\n\
+                 kind: KubeSchedulerConfiguration\n\
+                 clientConnection: {{kubeconfig: {kc:?}}}\n\
+                 leaderElection: {{leaderElect: false}}\n\
+                 profiles:\n\
+                 - schedulerName: default-scheduler\n\
+                 - schedulerName: {GANG_SCHEDULER_STAND_IN}\n"
+            ),
+        )
+        .context("writing the scheduler's configuration")?;
         self.spawn(
             "kube-scheduler",
             "kube-scheduler",
             vec![
-                format!("--kubeconfig={kc}"),
+                format!("--config={}", config.display()),
                 format!("--authentication-kubeconfig={kc}"),
                 format!("--authorization-kubeconfig={kc}"),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", self.ports.scheduler),
                 "--port=0".into(),
-                "--leader-elect=false".into(),
                 format!(
                     "--cert-dir={}",
                     self.state_dir.join("pki/scheduler-certs").display()

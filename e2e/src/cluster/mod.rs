@@ -15,6 +15,7 @@ use kube::api::Api;
 
 pub use access::base64_encode;
 use access::random_token;
+pub use components::GANG_SCHEDULER_STAND_IN;
 use components::{log_tail, Component};
 
 use crate::paths::{cache_dir, find_binary};

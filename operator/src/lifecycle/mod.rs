@@ -329,7 +329,22 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         msg.push_str("; ");
         msg.push_str(s);
     }
-    if let (Some(limit), Some(created)) = (rp.pods_ready_timeout_seconds, gang_created) {
+    // The pods-ready clock: from the gang's creation or, when later, from
+    // when its last pod was scheduled (a gang a queue held back, such as
+    // Kueue's admission gate, is measured from its admission); stopped
+    // while any rank is still held by a scheduling gate.
+    let gated = current.iter().any(|p| p.gated);
+    let since = [
+        gang_created,
+        current
+            .iter()
+            .filter_map(|p| p.scheduled_at.as_ref())
+            .max_by_key(|t| t.0),
+    ]
+    .into_iter()
+    .flatten()
+    .max_by_key(|t| t.0);
+    if let (Some(limit), Some(created), false) = (rp.pods_ready_timeout_seconds, since, gated) {
         let waited = seconds_between(created, now);
         if waited >= f64::from(limit) {
             let why = format!(

@@ -341,3 +341,33 @@ fn a_stalled_gang_is_restarted_by_the_progress_deadline() {
     c3.job.spec.run_policy.progress_deadline_seconds = None;
     assert_eq!(c3.run().0.phase, JobPhase::Running);
 }
+
+#[test]
+fn a_gang_held_by_a_queue_is_not_timed_out_until_it_is_admitted() {
+    let mut c = Case::load("queued");
+    // 600 s after creation, past the 120 s timeout, but rank 0 is still
+    // gated: queued, not stuck — named, and no clock runs.
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Pending);
+    let running = cond::get(&s.conditions, "Running").expect("Running");
+    assert_eq!(running.reason, "SchedulingGated");
+    assert!(
+        running
+            .message
+            .contains("rank 0 (pod lc-0): SchedulingGated: held by kueue.x-k8s.io/admission"),
+        "{}",
+        running.message
+    );
+    // Admitted: the clock runs from the last scheduling (00:58:00), not
+    // from the creation ten minutes ago.
+    c.pods[0].spec.as_mut().expect("spec").scheduling_gates = None;
+    let (d, _) = c.run_at(&at("2025-01-01T00:59:00Z"));
+    assert_eq!(d.phase, JobPhase::Pending);
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(60)));
+    let (d, s) = c.run();
+    assert_eq!(d.phase, JobPhase::Failed);
+    assert_eq!(
+        cond::get(&s.conditions, "Failed").expect("Failed").reason,
+        "PodsNotReady"
+    );
+}
