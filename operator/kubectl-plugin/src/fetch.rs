@@ -1,5 +1,6 @@
 //! Read everything the plugin shows about one job from the API server (and,
-//! for `profile`, from the ranks' `/metrics` when reachable).
+//! for `profile`, from the ranks' `/metrics` through the API server's pod
+//! proxy).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,12 +11,12 @@ use heterotrain_crds::metrics as m;
 use heterotrain_crds::{BatchPlan, HeteroTrainingJob, PLAN_KEY};
 use heterotrain_operator::names;
 use heterotrain_operator::profile_cache::{self, CachedProfile};
+use heterotrain_operator::scrape::parse_exposition;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The job `name` in `ns`.
 pub async fn job(client: &Client, ns: &str, name: &str) -> Result<HeteroTrainingJob> {
@@ -259,28 +260,19 @@ pub struct LiveProfile {
 }
 
 impl LiveProfile {
-    /// Pick the profile gauges out of a text exposition.
+    /// Pick the profile gauges out of a text exposition (parsed as the
+    /// operator parses the ranks' scrapes).
     pub fn parse(exposition: &str) -> LiveProfile {
         let mut p = LiveProfile::default();
-        for line in exposition.lines().filter(|l| !l.starts_with('#')) {
-            let (series, value) = match line.rsplit_once(' ') {
-                Some(x) => x,
-                None => continue,
-            };
-            let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
-            let v: Option<f64> = value.trim().parse().ok();
-            match metric {
+        for s in parse_exposition(exposition).unwrap_or_default() {
+            let v = Some(s.value).filter(|v| v.is_finite());
+            match s.name.as_str() {
                 m::PROFILE_MATMUL_FLOPS => p.matmul_flops = v,
                 m::PROFILE_MEMORY_BANDWIDTH => p.memory_bandwidth = v,
                 m::PROFILE_FIXED_SECONDS => p.fixed_seconds = v,
                 m::PROFILE_PER_SAMPLE_SECONDS => p.per_sample_seconds = v,
                 m::PROFILE_MAX_BATCH_SIZE => p.max_batch = v,
-                m::DEVICE_INFO => {
-                    p.device = labels
-                        .split(',')
-                        .find_map(|kv| kv.trim().strip_prefix("name=\""))
-                        .map(|s| s.trim_end_matches(['"', '}']).to_string());
-                }
+                m::DEVICE_INFO => p.device = s.labels.get("name").cloned(),
                 _ => {}
             }
         }
@@ -288,25 +280,18 @@ impl LiveProfile {
     }
 }
 
-/// GET `http://ip:port/metrics` with a short timeout.
-pub async fn live_profile(ip: &str, port: u16) -> Option<LiveProfile> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect((ip, port)).await.ok()?;
-        s.write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
+/// Rank pod `pod`'s `/metrics` on `port`, read through the API server's
+/// pod proxy (`pods/proxy`), so it works wherever the kubeconfig does —
+/// from a laptop outside the cluster's pod network too. `None` when the
+/// pod cannot be reached or does not answer within 2 s.
+pub async fn live_profile(client: &Client, ns: &str, pod: &str, port: u16) -> Option<LiveProfile> {
+    let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics");
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = tokio::time::timeout(Duration::from_secs(2), client.request_text(request))
         .await
+        .ok()?
         .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        head.contains(" 200 ").then(|| LiveProfile::parse(body))
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
+    Some(LiveProfile::parse(&text))
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value = "table")]
         output: render::Output,
     },
-    /// One job, as `list` shows it (`-o json`: the object itself).
+    /// One job, as `list` shows it (`-o json|yaml`: the object itself).
     Get {
         job: String,
         #[arg(short = 'o', long, value_enum, default_value = "table")]
@@ -70,7 +70,8 @@ enum Cmd {
             default_value = "heterotrain-system"
         )]
         operator_namespace: String,
-        /// Do not try the ranks' /metrics for live profile gauges.
+        /// Do not read the ranks' live profile gauges from their /metrics
+        /// (read through the API server's pod proxy: needs `get pods/proxy`).
         #[arg(long)]
         no_live: bool,
     },
@@ -140,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Get { job, output } => {
             let j = fetch::job(&client, &ns, &job).await?;
             let text = match output {
-                render::Output::Json => format!("{}\n", serde_json::to_string_pretty(&j)?),
+                o @ (render::Output::Json | render::Output::Yaml) => render::serialized(&j, o),
                 o => render::jobs(&[j], o, false, Timestamp::now()),
             };
             print!("{text}");
@@ -196,11 +197,11 @@ async fn main() -> anyhow::Result<()> {
             if !no_live {
                 let port = v.job.spec.metrics_port;
                 for rank in 0..v.job.spec.world_size() {
-                    let ip = v
-                        .pod_of(rank)
-                        .and_then(|p| p.status.as_ref()?.pod_ip.clone());
-                    if let Some(ip) = ip {
-                        if let Some(p) = fetch::live_profile(&ip, port).await {
+                    let running = v.pod_of(rank).filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    });
+                    if let Some(pod) = running.and_then(|p| p.metadata.name.as_deref()) {
+                        if let Some(p) = fetch::live_profile(&client, &ns, pod, port).await {
                             live.insert(rank, p);
                         }
                     }

@@ -168,6 +168,73 @@ async fn setup(client: &Client) {
     }
 }
 
+/// An IPv4 address of this machine that is not loopback (the API server
+/// refuses to proxy to loopback pod IPs).
+fn machine_ip() -> String {
+    let out = Command::new("hostname")
+        .arg("-I")
+        .output()
+        .expect("run hostname -I");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|a| {
+            a.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| !ip.is_loopback() && !ip.is_link_local())
+        })
+        .map(str::to_string)
+        .expect("this machine has no non-loopback IPv4 address (hostname -I)")
+}
+
+/// A stand-in rank on `ip`: `/metrics` with profile gauges (t(b) = 0.01 +
+/// 0.002 b, max batch 512) for requests the API server's proxy forwarded,
+/// 403 for any other. Its port, and how many requests it answered.
+async fn serve_metrics_via_proxy_only(
+    ip: &str,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("bind the stand-in rank");
+    let port = listener.local_addr().expect("address").port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let body = "# TYPE heterotrain_profile_fixed_seconds gauge\n\
+                    heterotrain_profile_fixed_seconds 0.01\n\
+                    heterotrain_profile_per_sample_seconds 0.002\n\
+                    heterotrain_profile_max_batch_size 512\n";
+                let reply = if head.contains("x-forwarded-for:") {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .into()
+                };
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (port, hits)
+}
+
 fn plugin(cluster: &LocalCluster, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
         .args(args)
@@ -370,6 +437,45 @@ async fn status_top_plan_and_profile_show_the_job() {
         "other namespaces' profiles are not listed: {profile}"
     );
 
+    // Live gauges through the API server's pod proxy. Rank 0's pod gets an
+    // address of this machine the API server may proxy to (not loopback),
+    // where a stand-in rank serves /metrics only to requests the proxy
+    // forwarded (`X-Forwarded-For`): a direct read would get nothing.
+    let (port, hits) = serve_metrics_via_proxy_only(&machine_ip()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.patch_status(
+        "demo-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podIP": machine_ip()}})),
+    )
+    .await
+    .expect("pod IP");
+    jobs.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"metricsPort": port}})),
+    )
+    .await
+    .expect("metrics port");
+    let profile = plugin(
+        &cluster,
+        &[
+            "-n",
+            NS,
+            "profile",
+            "demo",
+            "--operator-namespace",
+            OPERATOR_NS,
+        ],
+    );
+    let r0 = row(&profile, "RANK", "0");
+    assert_eq!(r0[4], "measured", "{profile}");
+    assert_eq!(r0[7..10], ["0.0100", "0.002000", "512"], "{profile}");
+    assert!(
+        hits.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the stand-in rank was read through the proxy"
+    );
+
     // A job that does not exist is an error naming it.
     let out = Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
         .args(["-n", NS, "status", "nope"])
@@ -397,6 +503,12 @@ async fn status_top_plan_and_profile_show_the_job() {
     assert_eq!(row(&all, "NAMESPACE", NS)[..2], [NS, "demo"], "{all}");
     let empty = plugin(&cluster, &["-n", OPERATOR_NS, "ls"]);
     assert_eq!(empty, "No HeteroTrainingJobs found.\n");
+    // -o yaml: the same object.
+    let yaml: serde_json::Value =
+        serde_yaml::from_str(&plugin(&cluster, &["-n", NS, "get", "demo", "-o", "yaml"]))
+            .expect("get -o yaml is YAML");
+    assert_eq!(yaml["metadata"]["name"], "demo");
+    assert_eq!(yaml["status"]["step"], 340);
     // -o json parses: the object itself, and a List for `list`.
     let one: serde_json::Value =
         serde_json::from_str(&plugin(&cluster, &["-n", NS, "get", "demo", "-o", "json"]))

@@ -1,5 +1,5 @@
 //! `list` / `get`: the jobs as a table like `kubectl get htj` (the CRD's
-//! printer columns), wider with `-o wide`, or as JSON.
+//! printer columns), wider with `-o wide`, or as JSON or YAML.
 
 use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::jiff::Timestamp;
@@ -16,20 +16,30 @@ pub enum Output {
     Wide,
     /// The objects as the API server returns them (a `List` for `list`).
     Json,
+    /// The same as YAML.
+    Yaml,
+}
+
+/// `value` as `out` (JSON or YAML) text, ending in a newline.
+pub fn serialized<T: serde::Serialize>(value: &T, out: Output) -> String {
+    let text = match out {
+        Output::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
+        _ => serde_json::to_string_pretty(value)
+            .map(|t| format!("{t}\n"))
+            .map_err(|e| e.to_string()),
+    };
+    text.unwrap_or_else(|e| format!("error: cannot serialise: {e}\n"))
 }
 
 /// `jobs` as `out` at `now`; `namespaces`: a NAMESPACE column first.
 pub fn jobs(jobs: &[HeteroTrainingJob], out: Output, namespaces: bool, now: Timestamp) -> String {
-    if out == Output::Json {
+    if matches!(out, Output::Json | Output::Yaml) {
         let items: Vec<serde_json::Value> = jobs
             .iter()
             .map(|j| serde_json::to_value(j).unwrap_or_default())
             .collect();
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-        return format!(
-            "{}\n",
-            serde_json::to_string_pretty(&list).unwrap_or_default()
-        );
+        return serialized(&list, out);
     }
     let mut header = vec![
         "NAME",

@@ -8,7 +8,7 @@ mod status;
 
 use k8s_openapi::jiff::Timestamp;
 
-pub use list::{jobs, Output};
+pub use list::{jobs, serialized, Output};
 pub use plan::plan_history;
 pub use profile::{fit, profile};
 pub use status::{rank_batches, status};
