@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin
+.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin plugin-krew
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -80,3 +80,6 @@ install-plugin: setup ## build kubectl-heterotrain and put it on the cache's bin
 	@$(CARGO) build -q --release -p kubectl-heterotrain
 	@ln -sf $(CARGO_TARGET_DIR)/release/kubectl-heterotrain $(HETEROTRAIN_CACHE)/bin/kubectl-heterotrain
 	@echo "installed: $(HETEROTRAIN_CACHE)/bin/kubectl-heterotrain (source $(HETEROTRAIN_CACHE)/env.sh, then: kubectl heterotrain --help)"
+
+plugin-krew: setup ## package the kubectl plugin for krew: archive + manifest in out/krew (BASE_URL=where the archive will be published)
+	@$(ENV) bash operator/kubectl-plugin/krew/release.sh out/krew $(BASE_URL)
