@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin plugin-krew
+.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin plugin-krew images
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -83,3 +83,6 @@ install-plugin: setup ## build kubectl-heterotrain and put it on the cache's bin
 
 plugin-krew: setup ## package the kubectl plugin for krew: archive + manifest in out/krew (BASE_URL=where the archive will be published)
 	@$(ENV) bash operator/kubectl-plugin/krew/release.sh out/krew $(BASE_URL)
+
+images: setup ## build the operator and trainer images from scratch (buildah, no daemon) as OCI archives in out/images (IMAGES="operator" for one)
+	@$(ENV) bash e2e/scripts/images.sh $(IMAGES)

@@ -19,6 +19,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::bottleneck::Bottleneck;
+
 pub use crate::run_policy::{GangScheduler, RunPolicy, SchedulingPolicy};
 
 /// Pattern of a decimal number written as a string, e.g. "0.1", "3e-4".
@@ -807,6 +809,31 @@ pub struct HeteroTrainingJobStatus {
     /// Omitted when every rank trains.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out_ranks: Vec<u32>,
+    /// What bounds each training rank's step while the job runs, from its
+    /// phase times over the last measurement interval: `Data`, `Compute`,
+    /// `Communication` (the exchange, waiting for slower ranks included),
+    /// `Update`, or `Straggler` (compute per step over
+    /// `loadBalancing.stragglerThresholdPercent` of the median of the other
+    /// training ranks').
+    /// Left-out ranks are not listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_bottlenecks: Vec<RankBottleneck>,
+}
+
+/// What bounds one rank's step, and its phase times.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RankBottleneck {
+    pub rank: u32,
+    pub bottleneck: Bottleneck,
+    /// Seconds per step loading data.
+    pub data_seconds: f64,
+    /// Seconds per step in forward and backward.
+    pub compute_seconds: f64,
+    /// Seconds per step in the gradient exchange (waiting included).
+    pub communication_seconds: f64,
+    /// Seconds per step in the optimizer update.
+    pub update_seconds: f64,
 }
 
 /// Training progress, from rank 0's step and the measured throughput.

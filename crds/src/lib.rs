@@ -2,6 +2,7 @@
 //! custom resource, the batch-plan wire format, the hardware profile, the
 //! trainer's command line, metric names and label/annotation keys.
 
+pub mod bottleneck;
 pub mod job;
 pub mod labels;
 pub mod metrics;

@@ -54,6 +54,21 @@ pub const PROFILE_FIXED_SECONDS: &str = "heterotrain_profile_fixed_seconds";
 pub const PROFILE_PER_SAMPLE_SECONDS: &str = "heterotrain_profile_per_sample_seconds";
 /// Gauge: largest local batch that fits in memory.
 pub const PROFILE_MAX_BATCH_SIZE: &str = "heterotrain_profile_max_batch_size";
+/// Gauge: seconds of one small (1 KiB) all-reduce among all ranks, measured
+/// at start-up (absent for a single rank).
+pub const PROFILE_ALLREDUCE_LATENCY_SECONDS: &str = "heterotrain_profile_allreduce_latency_seconds";
+/// Gauge: bus bandwidth of a 4 MiB all-reduce among all ranks at start-up,
+/// bytes/s (the algorithm bandwidth × 2(n−1)/n, as NCCL's tests report it).
+pub const PROFILE_ALLREDUCE_BANDWIDTH: &str =
+    "heterotrain_profile_allreduce_bus_bandwidth_bytes_per_second";
+/// Gauge: bytes of the dataset's files per second of loading them (read and
+/// decode) at start-up; absent for synthetic data.
+pub const PROFILE_DATA_READ_BANDWIDTH: &str = "heterotrain_profile_data_read_bytes_per_second";
+/// Gauges from NVML: the GPU's PCIe link now and at most (generation, lanes).
+pub const GPU_PCIE_LINK_GENERATION: &str = "heterotrain_gpu_pcie_link_generation";
+pub const GPU_PCIE_LINK_WIDTH: &str = "heterotrain_gpu_pcie_link_width";
+pub const GPU_PCIE_MAX_LINK_GENERATION: &str = "heterotrain_gpu_pcie_max_link_generation";
+pub const GPU_PCIE_MAX_LINK_WIDTH: &str = "heterotrain_gpu_pcie_max_link_width";
 /// Info gauge (value 1), labels `kind`, `name`: the device.
 pub const DEVICE_INFO: &str = "heterotrain_device_info";
 

@@ -72,6 +72,15 @@ pub struct HardwareProfile {
     pub per_sample_seconds: f64,
     /// Largest local batch that fits in memory.
     pub max_batch_size: u32,
+    /// Seconds of a small all-reduce among all ranks (none alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_latency_seconds: Option<f64>,
+    /// Bus bandwidth of a large all-reduce among all ranks, bytes/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_bus_bandwidth_bytes_per_second: Option<f64>,
+    /// The dataset's files loaded (read and decoded) per second, bytes/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_read_bytes_per_second: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

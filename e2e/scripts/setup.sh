@@ -23,7 +23,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # 1. Debian packages ---------------------------------------------------------
-APT_PKGS=(etcd-server golang-go golang-github-modern-go-reflect2-dev rsync libgloo-dev prometheus openssl unzip iproute2 curl ca-certificates fonts-dejavu-core bc nftables)
+APT_PKGS=(etcd-server golang-go golang-github-modern-go-reflect2-dev rsync libgloo-dev prometheus openssl unzip iproute2 curl ca-certificates fonts-dejavu-core bc nftables buildah podman runc skopeo)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

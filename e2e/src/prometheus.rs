@@ -23,6 +23,11 @@ pub struct Prometheus {
     tls: bool,
 }
 
+/// The rule file Prometheus evaluates under `dir` ([`Prometheus::load_rules`]).
+pub fn rules_file(dir: &Path) -> PathBuf {
+    dir.join("rules.yaml")
+}
+
 /// The file-SD target file Prometheus reads under `dir`.
 pub fn targets_file(dir: &Path) -> PathBuf {
     dir.join("targets.json")
@@ -49,10 +54,15 @@ impl Prometheus {
         if !targets.exists() {
             std::fs::write(&targets, "[]")?;
         }
+        if !rules_file(dir).exists() {
+            std::fs::write(rules_file(dir), "groups: []\n")?;
+        }
         let secs = interval.as_secs().max(1);
         let config = format!(
             "global:\n  scrape_interval: {secs}s\n  scrape_timeout: {secs}s\n  evaluation_interval: {secs}s\n\
+rule_files: ['{}']\n\
 scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n      - files: ['{}']\n        refresh_interval: 1s\n",
+            rules_file(dir).display(),
             targets.display()
         );
         std::fs::write(dir.join("prometheus.yml"), config)?;
@@ -69,6 +79,7 @@ scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n     
         ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .arg("--storage.tsdb.retention.time=1d")
+        .arg("--web.enable-lifecycle")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -130,6 +141,31 @@ scrape_configs:\n  - job_name: heterotrain-trainers\n    file_sd_configs:\n     
         Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
     }
 
+    /// Evaluate the rule groups `yaml` from now on (written to
+    /// [`rules_file`], then a reload); returns once the server lists
+    /// every group.
+    pub fn load_rules(&self, yaml: &str) -> Result<()> {
+        let groups: serde_yaml::Value = serde_yaml::from_str(yaml).context("rules are YAML")?;
+        let want = groups["groups"].as_sequence().map_or(0, Vec::len);
+        std::fs::write(rules_file(&self.dir), yaml)?;
+        let (code, body) = http_request(self.port, "POST", "/-/reload")?;
+        if code != 200 {
+            bail!("reload answered {code}: {body}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, body) = http_request(self.port, "GET", "/api/v1/rules")?;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if v["data"]["groups"].as_array().map_or(0, Vec::len) >= want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("prometheus did not load {want} rule groups: {body}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Stop the server.
     pub fn stop(&mut self) {
         stop_child(&mut self.child, Duration::from_secs(5));
@@ -156,11 +192,16 @@ pub fn url_encode(s: &str) -> String {
 
 /// Minimal HTTP/1.1 GET to 127.0.0.1:`port` (plain text, `Connection: close`).
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_request(port, "GET", path)
+}
+
+/// A bodiless HTTP/1.1 `method` request to 127.0.0.1:`port`.
+fn http_request(port: u16, method: &str, path: &str) -> Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;

@@ -1,9 +1,10 @@
-//! The container images' Dockerfiles (no Docker engine exists here, so they
-//! cannot be built in tests): both are multi-stage, build and copy exactly
-//! the workspace binaries the tests run (`heterotrain-operator`,
-//! `heterotrain-trainer`), run them as non-root, and use the image names the
-//! chart and the node simulator expect; the trainer pins the libtorch
-//! version the `tch` crate expects.
+//! The container images' Dockerfiles, read as text: no Docker engine exists
+//! here to run them (the images themselves are built without one by `make
+//! images` and tested in `oci_images.rs`). Both are multi-stage, build and
+//! copy exactly the workspace binaries the tests run
+//! (`heterotrain-operator`, `heterotrain-trainer`), run them as non-root,
+//! and use the image names the chart and the node simulator expect; the
+//! trainer pins the libtorch version the `tch` crate expects.
 
 mod support;
 
@@ -173,7 +174,7 @@ fn check_image(path: &str, binary: &str) -> Dockerfile {
 }
 
 #[test]
-fn operator_image_builds_and_runs_the_operator_binary() {
+fn operator_dockerfile_builds_and_runs_the_operator_binary() {
     let d = check_image("operator/Dockerfile", "heterotrain-operator");
     let runtime = d.arg("RUNTIME_IMAGE").expect("RUNTIME_IMAGE");
     assert!(
@@ -185,7 +186,7 @@ fn operator_image_builds_and_runs_the_operator_binary() {
 }
 
 #[test]
-fn trainer_image_builds_the_trainer_against_pytorch_2_11() {
+fn trainer_dockerfile_builds_the_trainer_against_pytorch_2_11() {
     let d = check_image("trainer-image/Dockerfile", "heterotrain-trainer");
     let torch = d.arg("TORCH_VERSION").expect("TORCH_VERSION");
     assert_eq!(

@@ -239,6 +239,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
         }
     })
     .await;
+    straggler_alert_fires(&client, prom, &jobs).await;
     run_helm(&[
         "uninstall",
         "ht",
@@ -261,4 +262,109 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     bed.stop().await;
+}
+
+/// The chart's alert rules, evaluated by the live Prometheus (their `for:`
+/// shortened to 5 s, or the test would wait ten minutes), against a
+/// `static` job on unlike nodes: equal batches make the slow rank a
+/// straggler. The straggler alert fires for it and not for the fast rank;
+/// the fast rank's own gauge says it is bound by communication (it waits);
+/// the dashboard's straggler count says 1.
+async fn straggler_alert_fires(
+    client: &kube::Client,
+    prom: &Prometheus,
+    jobs: &Api<kube::api::DynamicObject>,
+) {
+    let rules =
+        std::fs::read_to_string(chart_dir().join("files/alerts.yaml")).expect("alerts.yaml");
+    let shortened: String = rules
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("for: ") {
+            Some(_) => format!("{}for: 5s", &l[..l.len() - l.trim_start().len()]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    prom.load_rules(&shortened).expect("load the alert rules");
+    let name = "straggle";
+    let job = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": [
+                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
+                 "resources": {"limits": {"cpu": "1"}}},
+                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
+                 "resources": {"limits": {"cpu": "1"}}}
+            ],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image", "syntheticSamples": 4096},
+            "training": {"globalBatchSize": 64, "epochs": 100000, "maxSteps": 1000000, "learningRate": "0.05"},
+            "loadBalancing": {"policy": "static"},
+            "profiling": {"enabled": false}
+        }
+    });
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .expect("create the static job");
+    let sel = format!("namespace=\"{NS}\",job_name=\"{name}\"");
+    let firing =
+        format!("ALERTS{{alertname=\"HeteroTrainRankStraggler\",alertstate=\"firing\",{sel}}}");
+    let found = wait_for(
+        "the straggler alert to fire",
+        Duration::from_secs(180),
+        || {
+            let r = query(prom, &firing).unwrap_or_default();
+            async move { (!r.is_empty()).then_some(r) }
+        },
+    )
+    .await;
+    let ranks: Vec<&str> = found
+        .iter()
+        .filter_map(|s| s["metric"]["rank"].as_str())
+        .collect();
+    assert_eq!(ranks, ["1"], "only the slow rank straggles: {found:?}");
+    let waiting = format!("heterotrain_bottleneck{{{sel},rank=\"0\",kind=\"communication\"}} == 1");
+    wait_for(
+        "the fast rank to be bound by communication",
+        Duration::from_secs(60),
+        || {
+            let r = query(prom, &waiting).unwrap_or_default();
+            async move { (!r.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    let d: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("dashboards/heterotrain.json")).unwrap(),
+    )
+    .unwrap();
+    let panel = dashboard_panels(&d)
+        .into_iter()
+        .find(|p| p.title == "Straggling ranks")
+        .expect("the straggler panel");
+    let expr = substitute(&panel.exprs[0], NS, name, RATE_INTERVAL);
+    let count = query(prom, &expr).expect("the panel's query");
+    assert_eq!(count[0]["value"][1], "1", "{expr}: {count:?}");
+    jobs.delete(name, &DeleteParams::default()).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    wait_for(
+        "the static job's pods to go",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                pods.list(&ListParams::default().labels(&format!("heterotrain.dev/job={name}")))
+                    .await
+                    .ok()?
+                    .items
+                    .is_empty()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
 }

@@ -562,12 +562,38 @@ async fn end_to_end() {
     })
     .await;
 
-    // 2. static: the split stays equal.
+    // 2. static: the split stays equal; with equal batches on speeds 1.0 /
+    // 0.33 the slow rank is the job's straggler and the fast one waits for
+    // it in the exchange (status.rankBottlenecks, while it runs).
     scenario(&system, "static", || async {
         system
             .create_job("static", &quickstart("qs", "static", 60, None))
             .await
             .map_err(|e| e.to_string())?;
+        use heterotrain_crds::Bottleneck;
+        let running = system
+            .wait_job("static", "qs", wait, "rank bottlenecks", |j| {
+                j.status
+                    .as_ref()
+                    .is_some_and(|s| s.rank_bottlenecks.len() == 2)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let nodes = rank_nodes(&system, "static", "qs").await;
+        let found = running.status.unwrap_or_default().rank_bottlenecks;
+        for b in &found {
+            let node = nodes.get(&b.rank).map(String::as_str);
+            let want = match node {
+                Some("slow") => Bottleneck::Straggler,
+                _ => Bottleneck::Communication,
+            };
+            if b.bottleneck != want {
+                return Err(format!(
+                    "rank {} on {node:?}: {:?}, want {want:?} (all: {found:?})",
+                    b.rank, b.bottleneck
+                ));
+            }
+        }
         system
             .wait_job("static", "qs", wait, "Succeeded", succeeded)
             .await

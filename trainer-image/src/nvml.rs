@@ -30,6 +30,10 @@ pub struct GpuSample {
     pub temperature_celsius: Option<f64>,
     pub power_watts: Option<f64>,
     pub sm_clock_hertz: Option<f64>,
+    /// PCIe link now: (generation, lanes).
+    pub pcie_link: Option<(u32, u32)>,
+    /// The most the GPU and its slot support: (generation, lanes).
+    pub pcie_max_link: Option<(u32, u32)>,
 }
 
 /// NVML index of CUDA device `cuda_index`, honouring a numeric
@@ -86,6 +90,11 @@ impl Gpu {
             temperature_celsius: d.temperature(TemperatureSensor::Gpu).ok().map(f64::from),
             power_watts: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
             sm_clock_hertz: d.clock_info(Clock::SM).ok().map(|mhz| f64::from(mhz) * 1e6),
+            pcie_link: d
+                .current_pcie_link_gen()
+                .ok()
+                .zip(d.current_pcie_link_width().ok()),
+            pcie_max_link: d.max_pcie_link_gen().ok().zip(d.max_pcie_link_width().ok()),
         }
     }
 }

@@ -269,6 +269,50 @@ pub fn measure(
         fixed_seconds: a,
         per_sample_seconds: c,
         max_batch_size: max_batch,
+        ..Default::default()
+    })
+}
+
+/// Small all-reduces timed for the latency.
+const LATENCY_REPS: u32 = 20;
+/// Large all-reduces timed for the bandwidth.
+const BANDWIDTH_REPS: u32 = 5;
+/// Elements of the small (1 KiB) and large (4 MiB) all-reduce.
+const SMALL: i64 = 256;
+const LARGE: i64 = 1 << 20;
+
+/// How fast the ranks exchange gradients, measured once at start-up on the
+/// whole group (every rank runs the same fixed sequence, so it is safe for
+/// collectives): the mean seconds of a 1 KiB all-reduce (latency) and the
+/// bus bandwidth of a 4 MiB one (algorithm bandwidth × 2(n−1)/n, bytes/s).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommProfile {
+    pub latency_seconds: f64,
+    pub bus_bandwidth_bytes_per_second: f64,
+}
+
+/// Measure [`CommProfile`] on `pg` with tensors on `device`.
+pub fn collective(pg: &crate::c10d::ProcessGroup, device: Device) -> Result<CommProfile> {
+    let _g = tch::no_grad_guard();
+    let mut small = Tensor::zeros([SMALL], (Kind::Float, device));
+    let mut large = Tensor::zeros([LARGE], (Kind::Float, device));
+    let time = |t: &mut Tensor, reps: u32| -> Result<f64> {
+        pg.all_reduce_sum(t)?; // warm-up: connections, buffers
+        sync(device);
+        let start = Instant::now();
+        for _ in 0..reps {
+            pg.all_reduce_sum(t)?;
+        }
+        sync(device);
+        Ok(start.elapsed().as_secs_f64() / f64::from(reps))
+    };
+    let latency = time(&mut small, LATENCY_REPS)?;
+    let large_seconds = time(&mut large, BANDWIDTH_REPS)?;
+    let n = pg.world_size() as f64;
+    let bytes = (LARGE * 4) as f64;
+    Ok(CommProfile {
+        latency_seconds: latency,
+        bus_bandwidth_bytes_per_second: bytes / large_seconds.max(1e-9) * 2.0 * (n - 1.0) / n,
     })
 }
 

@@ -188,6 +188,23 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
     assert!(b[m::PROFILE_MAX_BATCH_SIZE] >= 16.0);
     assert!(b[m::PROFILE_MATMUL_FLOPS] > 0.0);
     assert!(b[m::PROFILE_PER_SAMPLE_SECONDS] > 0.0);
+    // The two ranks timed their all-reduce at start-up: a 1 KiB one takes
+    // between a microsecond and a second here, and 4 MiB move at some
+    // bandwidth; synthetic data has no load figure.
+    let latency = b[m::PROFILE_ALLREDUCE_LATENCY_SECONDS];
+    assert!(
+        (1e-6..1.0).contains(&latency),
+        "all-reduce latency {latency}"
+    );
+    let bus = b[m::PROFILE_ALLREDUCE_BANDWIDTH];
+    assert!(bus > 1e6, "all-reduce bus bandwidth {bus}");
+    assert_eq!(b[m::PROFILE_DATA_READ_BANDWIDTH], 0.0);
+    // What bounds the step: one kind at a time.
+    let kinds: f64 = heterotrain_crds::bottleneck::Bottleneck::PHASES
+        .iter()
+        .map(|k| b[&format!("heterotrain_bottleneck{{kind=\"{}\"}}", k.as_str())])
+        .sum();
+    assert_eq!(kinds, 1.0, "exactly one bottleneck kind set");
     assert!(b["process_resident_memory_bytes"] > 1e6);
     assert!(b
         .keys()

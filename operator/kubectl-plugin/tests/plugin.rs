@@ -80,6 +80,12 @@ async fn setup(client: &Client) {
             "progress": {"totalSteps": 1000, "percent": 34, "percentText": "34%",
                          "estimatedRemainingSeconds": 52, "eta": "52s"},
             "leftOutRanks": [2],
+            "rankBottlenecks": [
+                {"rank": 0, "bottleneck": "Communication", "dataSeconds": 0.0, "computeSeconds": 0.02,
+                 "communicationSeconds": 0.05, "updateSeconds": 0.001},
+                {"rank": 1, "bottleneck": "Straggler", "dataSeconds": 0.0, "computeSeconds": 0.07,
+                 "communicationSeconds": 0.001, "updateSeconds": 0.001}
+            ],
             "groups": [
                 {"name": "t4", "device": "cuda", "replicas": 1, "ready": 1, "batchSizes": [48], "samplesPerSecond": 530.2},
                 {"name": "cpu", "device": "cpu", "replicas": 2, "ready": 2, "batchSizes": [24, 24], "samplesPerSecond": 282.26}
@@ -323,11 +329,19 @@ async fn status_top_plan_and_profile_show_the_job() {
     );
     assert_eq!(
         row(&status, "RANK", "0"),
-        ["0", "t4", "demo-0", "gpu-node", "Running", "48"]
+        [
+            "0",
+            "t4",
+            "demo-0",
+            "gpu-node",
+            "Running",
+            "48",
+            "communication"
+        ]
     );
     assert_eq!(
         row(&status, "RANK", "2"),
-        ["2", "cpu", "demo-2", "cpu-node-b", "Running", "24"]
+        ["2", "cpu", "demo-2", "cpu-node-b", "Running", "24", "-"]
     );
     let last = row(&status, "GENERATION", "2");
     assert_eq!(
@@ -343,7 +357,15 @@ async fn status_top_plan_and_profile_show_the_job() {
     );
     assert_eq!(
         row(&top, "RANK", "1"),
-        ["1", "cpu", "demo-1", "cpu-node-a", "Running", "24"]
+        [
+            "1",
+            "cpu",
+            "demo-1",
+            "cpu-node-a",
+            "Running",
+            "24",
+            "straggler"
+        ]
     );
 
     let plan = plugin(&cluster, &["-n", NS, "plan", "demo"]);

@@ -369,3 +369,42 @@ fn finished_job_is_deleted_after_its_ttl() {
 }
 
 mod restarts;
+
+#[test]
+fn rank_bottlenecks_are_reported_while_running_and_dropped_after() {
+    use heterotrain_crds::{Bottleneck, RankBottleneck};
+    let measured = vec![RankBottleneck {
+        rank: 1,
+        bottleneck: Bottleneck::Straggler,
+        data_seconds: 0.0,
+        compute_seconds: 0.3,
+        communication_seconds: 0.01,
+        update_seconds: 0.01,
+    }];
+    let with = |c: &Case| {
+        let v = valid(&c.job);
+        let obs = c.observed();
+        let d = decide(&v, &obs, &c.now.0);
+        let x = Extras {
+            rank_bottlenecks: Some(measured.clone()),
+            ..Extras::with_plan(plan::current(&v, &obs.plan))
+        };
+        status::next(&v, &d, &obs, &x, &c.now)
+    };
+    let running = Case::load("running");
+    assert_eq!(with(&running).rank_bottlenecks, measured);
+    // Unmeasured this round: the last figures stay.
+    let mut c = Case::load("running");
+    c.job
+        .status
+        .get_or_insert_with(Default::default)
+        .rank_bottlenecks = measured.clone();
+    assert_eq!(c.run().1.rank_bottlenecks, measured);
+    // A job no longer running has no bottleneck to show.
+    let mut done = Case::load("succeeded");
+    done.job
+        .status
+        .get_or_insert_with(Default::default)
+        .rank_bottlenecks = measured.clone();
+    assert!(with(&done).rank_bottlenecks.is_empty());
+}

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use heterotrain_crds::bottleneck::PhaseTimes;
 use heterotrain_crds::HeteroTrainingJob;
 use kube::ResourceExt;
 
@@ -44,6 +45,8 @@ pub struct JobState {
     pub(super) last_scrape: Option<Instant>,
     pub(super) last_decision: DecisionClock,
     pub(super) last_samples: Vec<Option<(f64, Instant)>>,
+    /// Each rank's phase seconds and steps at the last reading.
+    pub(super) last_phases: Vec<Option<(PhaseTimes, f64)>>,
     /// Plan written and not yet reported by every rank: (generation, when).
     pub(super) pending: Option<(u64, Instant)>,
     /// Ranks whose profile is already in the profile cache.
@@ -62,6 +65,7 @@ impl JobState {
             last_scrape: None,
             last_decision: DecisionClock::new(now),
             last_samples: vec![None; v.ranks()],
+            last_phases: vec![None; v.ranks()],
             pending: None,
             cached: vec![false; v.ranks()],
             extras: Extras::default(),

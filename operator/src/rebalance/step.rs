@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use heterotrain_crds::{BalanceStatus, RebalanceStatus};
+use heterotrain_crds::bottleneck::{self, PhaseTimes};
+use heterotrain_crds::{BalanceStatus, RankBottleneck, RebalanceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
@@ -57,6 +58,7 @@ pub(super) async fn step(
     let mut sps: Vec<Option<f64>> = vec![None; world];
     let mut gens: Vec<Option<u64>> = vec![None; world];
     let mut new_profiles = BTreeMap::new();
+    let mut phases: Vec<Option<PhaseTimes>> = vec![None; world];
     let mut sampled = 0usize;
     // The job's step: the ranks' `heterotrain_step` (the global step, the
     // same on every rank; the highest one read wins when some lag a scrape).
@@ -82,6 +84,12 @@ pub(super) async fn step(
                     }
                     st.last_samples[r] = Some((total, reading.at));
                 }
+                if let (Some(now), Some(steps)) = (m.phase_seconds_total, m.steps_total) {
+                    if let Some((before, steps_before)) = st.last_phases[r] {
+                        phases[r] = now.per_step_since(&before, steps - steps_before);
+                    }
+                    st.last_phases[r] = Some((now, steps));
+                }
                 if !had_profile && cfg.profile_cache && !st.cached[r] {
                     if let Some(p) = st.balancer.profiles().get(r).cloned().flatten() {
                         new_profiles.insert(r, p);
@@ -94,6 +102,9 @@ pub(super) async fn step(
                 st.balancer.missing(r);
             }
         }
+    }
+    if phases.iter().any(Option::is_some) {
+        x.rank_bottlenecks = Some(rank_bottlenecks(v, &phases));
     }
     if sps.iter().any(Option::is_some) {
         x.rank_samples_per_second = sps.clone();
@@ -224,4 +235,28 @@ pub(super) async fn step(
     });
     x.plan = Some(plan);
     x
+}
+
+/// What bounds each training rank's step, from its per-step phase times
+/// over the last interval (`heterotrain_crds::bottleneck`), with the job's
+/// straggler threshold.
+fn rank_bottlenecks(v: &ValidatedJob<'_>, phases: &[Option<PhaseTimes>]) -> Vec<RankBottleneck> {
+    let factor = f64::from(v.spec().load_balancing.straggler_threshold_percent) / 100.0;
+    let round = |x: f64| (x * 1e5).round() / 1e5;
+    bottleneck::classify(phases, factor.max(1.01))
+        .into_iter()
+        .zip(phases)
+        .enumerate()
+        .filter_map(|(rank, (b, p))| {
+            let (b, p) = (b?, p.as_ref()?);
+            Some(RankBottleneck {
+                rank: u32::try_from(rank).ok()?,
+                bottleneck: b,
+                data_seconds: round(p.data),
+                compute_seconds: round(p.compute),
+                communication_seconds: round(p.communication),
+                update_seconds: round(p.update),
+            })
+        })
+        .collect()
 }

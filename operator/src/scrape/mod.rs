@@ -15,6 +15,7 @@ pub use prometheus::{group_by_rank, parse_prometheus_vector, percent_encode};
 
 use std::collections::HashMap;
 
+use heterotrain_crds::bottleneck::PhaseTimes;
 use heterotrain_crds::metrics as m;
 
 /// One series: name, labels, value.
@@ -54,10 +55,34 @@ pub struct RankMetrics {
     pub plan_generation: Option<u64>,
     pub finished: bool,
     pub profile: Option<RankProfile>,
+    /// Seconds so far by phase (`heterotrain_phase_seconds_total`), when
+    /// every phase is exported.
+    pub phase_seconds_total: Option<PhaseTimes>,
 }
 
 fn count(v: f64) -> Option<u64> {
     (v.is_finite() && v >= 0.0 && v <= u64::MAX as f64).then_some(v as u64)
+}
+
+/// The trainer's per-phase seconds as [`PhaseTimes`] (forward and backward
+/// as compute); `None` unless every phase is there.
+fn phase_totals(series: &[Series]) -> Option<PhaseTimes> {
+    let phase = |name: &str| {
+        series
+            .iter()
+            .find(|s| {
+                s.name == m::PHASE_SECONDS_TOTAL
+                    && s.labels.get("phase").map(String::as_str) == Some(name)
+                    && s.value.is_finite()
+            })
+            .map(|s| s.value)
+    };
+    Some(PhaseTimes {
+        data: phase("data")?,
+        compute: phase("forward")? + phase("backward")?,
+        communication: phase("allreduce")?,
+        update: phase("optimizer")?,
+    })
 }
 
 impl RankMetrics {
@@ -114,6 +139,7 @@ impl RankMetrics {
             plan_generation: get(m::PLAN_GENERATION).and_then(count),
             finished: get(m::FINISHED).is_some_and(|v| v >= 1.0),
             profile,
+            phase_seconds_total: phase_totals(series),
         }
     }
 }

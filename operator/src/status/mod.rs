@@ -7,7 +7,7 @@ mod writer;
 
 use heterotrain_crds::{
     BalanceStatus, BatchPlan, GroupStatus, HeteroTrainingJob, HeteroTrainingJobStatus,
-    RebalanceStatus, PLAN_HISTORY_LEN,
+    RankBottleneck, RebalanceStatus, PLAN_HISTORY_LEN,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -35,6 +35,8 @@ pub struct Extras {
     pub epoch: Option<u32>,
     /// The step the run ends at (rank 0's `heterotrain_total_steps`).
     pub total_steps: Option<u64>,
+    /// What bounds each training rank's step, when measured.
+    pub rank_bottlenecks: Option<Vec<RankBottleneck>>,
 }
 
 impl Extras {
@@ -161,6 +163,11 @@ pub fn next(
     if let Some(r) = &x.last_rebalance {
         s.last_rebalance = Some(r.clone());
         remember_decision(&mut s.plan_history, r);
+    }
+    if d.phase != JobPhase::Running {
+        s.rank_bottlenecks.clear();
+    } else if let Some(b) = &x.rank_bottlenecks {
+        s.rank_bottlenecks = b.clone();
     }
     let old_step = job.status.as_ref().map_or(0, |o| o.step);
     s.progress = progress(

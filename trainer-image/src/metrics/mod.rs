@@ -7,6 +7,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
+use heterotrain_crds::bottleneck::{Bottleneck, PhaseTimes};
 use heterotrain_crds::HardwareProfile;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,7 +18,7 @@ use prometheus_client::registry::Registry;
 use crate::log::StepTimings;
 
 mod registry;
-use registry::{BatchLabels, DeviceLabels, GpuGauges, PhaseLabels, ReasonLabels};
+use registry::{BatchLabels, DeviceLabels, GpuGauges, KindLabels, PhaseLabels, ReasonLabels};
 
 type FloatCounter = Counter<f64, AtomicU64>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -26,6 +27,10 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct TrainerMetrics {
     registry: Registry,
     phase_seconds: Family<PhaseLabels, FloatCounter>,
+    /// One-hot: what bounds the step (`heterotrain_bottleneck{kind}`).
+    bottleneck: Family<KindLabels, Gauge>,
+    /// Smoothed per-step phase times behind `bottleneck`.
+    phase_ema: Mutex<Option<PhaseTimes>>,
     step_seconds: Histogram,
     samples: Counter,
     steps: Counter,
@@ -48,6 +53,9 @@ pub struct TrainerMetrics {
     profile_fixed: FloatGauge,
     profile_per_sample: FloatGauge,
     profile_max_batch: Gauge,
+    profile_allreduce_latency: FloatGauge,
+    profile_allreduce_bandwidth: FloatGauge,
+    profile_data_read: FloatGauge,
     device_info: Family<DeviceLabels, Gauge>,
     process_cpu: FloatCounter,
     process_rss: Gauge,
@@ -83,6 +91,7 @@ impl TrainerMetrics {
                     .inc_by(s);
             }
         }
+        self.observe_bottleneck(tm);
         self.step_seconds.observe(step_seconds);
         self.samples.inc_by(u64::from(local_batch));
         self.steps.inc();
@@ -102,6 +111,43 @@ impl TrainerMetrics {
         self.epoch.set(epoch as i64);
         if loss.is_finite() {
             self.loss.set(loss);
+        }
+    }
+
+    /// Smooth this step's phase times into the running figure and mark
+    /// the phase that dominates it (nothing while the rank is left out:
+    /// no compute).
+    fn observe_bottleneck(&self, tm: &StepTimings) {
+        let now = PhaseTimes {
+            data: tm.data_seconds,
+            compute: tm.forward_seconds + tm.backward_seconds,
+            communication: tm.allreduce_seconds,
+            update: tm.optimizer_seconds,
+        };
+        let Ok(mut ema) = self.phase_ema.lock() else {
+            return;
+        };
+        let mix = |e: f64, x: f64| 0.8 * e + 0.2 * x;
+        let smoothed = match *ema {
+            Some(e) => PhaseTimes {
+                data: mix(e.data, now.data),
+                compute: mix(e.compute, now.compute),
+                communication: mix(e.communication, now.communication),
+                update: mix(e.update, now.update),
+            },
+            None => now,
+        };
+        if smoothed.dominant().is_none() {
+            return;
+        }
+        *ema = Some(smoothed);
+        let top = (smoothed.compute > 0.0)
+            .then(|| smoothed.dominant())
+            .flatten();
+        for b in Bottleneck::PHASES {
+            self.bottleneck
+                .get_or_create(&KindLabels { kind: b.as_str() })
+                .set(i64::from(top == Some(b)));
         }
     }
 
@@ -168,6 +214,18 @@ impl TrainerMetrics {
         self.profile_max_batch.set(i64::from(p.max_batch_size));
     }
 
+    /// Export the group's all-reduce figures (start-up).
+    pub fn set_collective(&self, c: &crate::profile::CommProfile) {
+        self.profile_allreduce_latency.set(c.latency_seconds);
+        self.profile_allreduce_bandwidth
+            .set(c.bus_bandwidth_bytes_per_second);
+    }
+
+    /// Export the dataset's load throughput, bytes/s (start-up).
+    pub fn set_data_read(&self, bytes_per_second: f64) {
+        self.profile_data_read.set(bytes_per_second);
+    }
+
     /// Refresh the process and GPU series (called at each scrape).
     pub fn refresh(&self) {
         if let Some(cpu) = process_cpu_seconds() {
@@ -195,6 +253,14 @@ impl TrainerMetrics {
             }
             if let Some(v) = s.power_watts {
                 g.power.set(v);
+            }
+            if let Some((gen, width)) = s.pcie_link {
+                g.pcie_gen.set(i64::from(gen));
+                g.pcie_width.set(i64::from(width));
+            }
+            if let Some((gen, width)) = s.pcie_max_link {
+                g.pcie_max_gen.set(i64::from(gen));
+                g.pcie_max_width.set(i64::from(width));
             }
             if let Some(v) = s.sm_clock_hertz {
                 g.sm_clock.set(v);

@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use heterotrain_crds::bottleneck::Bottleneck;
 use heterotrain_crds::metrics as m;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +18,11 @@ use crate::nvml::Gpu;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct PhaseLabels {
     pub(super) phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabels {
+    pub(super) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,6 +53,10 @@ pub(super) struct GpuGauges {
     pub(super) temperature: FloatGauge,
     pub(super) power: FloatGauge,
     pub(super) sm_clock: FloatGauge,
+    pub(super) pcie_gen: Gauge,
+    pub(super) pcie_width: Gauge,
+    pub(super) pcie_max_gen: Gauge,
+    pub(super) pcie_max_width: Gauge,
 }
 
 /// Strip the `_total` suffix prometheus-client appends to counters itself.
@@ -68,6 +78,15 @@ impl TrainerMetrics {
         for phase in m::PHASES {
             // Present from the start, so rates exist before the first step.
             let _ = phase_seconds.get_or_create(&PhaseLabels { phase });
+        }
+        let bottleneck = Family::<KindLabels, Gauge>::default();
+        r.register(
+            heterotrain_crds::bottleneck::METRIC,
+            "1 for what bounds this rank's step (smoothed phase times): data, compute, communication or update; 0 for the others",
+            bottleneck.clone(),
+        );
+        for b in Bottleneck::PHASES {
+            let _ = bottleneck.get_or_create(&KindLabels { kind: b.as_str() });
         }
         let step_seconds = Histogram::new([
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -169,6 +188,21 @@ impl TrainerMetrics {
             m::PROFILE_MAX_BATCH_SIZE,
             "Largest local batch that fits in memory",
         );
+        let profile_allreduce_latency = g(
+            &mut r,
+            m::PROFILE_ALLREDUCE_LATENCY_SECONDS,
+            "Seconds of a 1 KiB all-reduce among all ranks at start-up (0: not measured)",
+        );
+        let profile_allreduce_bandwidth = g(
+            &mut r,
+            m::PROFILE_ALLREDUCE_BANDWIDTH,
+            "Bus bandwidth of a 4 MiB all-reduce among all ranks at start-up, bytes/s (0: not measured)",
+        );
+        let profile_data_read = g(
+            &mut r,
+            m::PROFILE_DATA_READ_BANDWIDTH,
+            "Bytes of the dataset's files loaded (read and decoded) per second at start-up (0: synthetic data)",
+        );
         let device_info = Family::<DeviceLabels, Gauge>::default();
         r.register(
             m::DEVICE_INFO,
@@ -198,10 +232,28 @@ impl TrainerMetrics {
             temperature: g(&mut r, m::GPU_TEMPERATURE_CELSIUS, "GPU temperature (NVML)"),
             power: g(&mut r, m::GPU_POWER_WATTS, "GPU power draw (NVML)"),
             sm_clock: g(&mut r, m::GPU_SM_CLOCK_HERTZ, "GPU SM clock (NVML)"),
+            pcie_gen: gi(
+                &mut r,
+                m::GPU_PCIE_LINK_GENERATION,
+                "PCIe link generation now (NVML)",
+            ),
+            pcie_width: gi(&mut r, m::GPU_PCIE_LINK_WIDTH, "PCIe link lanes now (NVML)"),
+            pcie_max_gen: gi(
+                &mut r,
+                m::GPU_PCIE_MAX_LINK_GENERATION,
+                "Highest PCIe link generation of the GPU and its slot (NVML)",
+            ),
+            pcie_max_width: gi(
+                &mut r,
+                m::GPU_PCIE_MAX_LINK_WIDTH,
+                "Most PCIe link lanes of the GPU and its slot (NVML)",
+            ),
         });
         TrainerMetrics {
             registry: r,
             phase_seconds,
+            bottleneck,
+            phase_ema: Mutex::new(None),
             step_seconds,
             samples,
             steps,
@@ -224,6 +276,9 @@ impl TrainerMetrics {
             profile_fixed,
             profile_per_sample,
             profile_max_batch,
+            profile_allreduce_latency,
+            profile_allreduce_bandwidth,
+            profile_data_read,
             device_info,
             process_cpu,
             process_rss,

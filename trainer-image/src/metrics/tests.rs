@@ -26,3 +26,43 @@ fn exposes_operator_names_with_values() {
     assert!(process_rss_bytes().unwrap_or(0) > 1 << 20);
     assert!(process_cpu_seconds().is_some_and(|c| c >= 0.0));
 }
+
+#[test]
+fn the_bottleneck_gauge_follows_the_smoothed_dominant_phase() {
+    let mx = TrainerMetrics::new(None);
+    let gauge = |text: &str, kind: &str| {
+        let line = format!("heterotrain_bottleneck{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {line} in {text}"))
+    };
+    let before = mx.encode();
+    for kind in ["data", "compute", "communication", "update"] {
+        assert_eq!(
+            gauge(&before, kind),
+            "0",
+            "all present, none set before a step"
+        );
+    }
+    let step = |allreduce: f64| StepTimings {
+        data_seconds: 0.01,
+        forward_seconds: 0.02,
+        backward_seconds: 0.03,
+        allreduce_seconds: allreduce,
+        optimizer_seconds: 0.005,
+    };
+    mx.observe_step(1, 0, 16, &step(0.01), 0.1, 1.0);
+    let text = mx.encode();
+    assert_eq!(gauge(&text, "compute"), "1");
+    assert_eq!(gauge(&text, "communication"), "0");
+    // One long exchange does not flip it; a run of them does.
+    mx.observe_step(2, 0, 16, &step(0.1), 0.2, 1.0);
+    assert_eq!(gauge(&mx.encode(), "compute"), "1");
+    for s in 3..10 {
+        mx.observe_step(s, 0, 16, &step(0.1), 0.2, 1.0);
+    }
+    let text = mx.encode();
+    assert_eq!(gauge(&text, "communication"), "1");
+    assert_eq!(gauge(&text, "compute"), "0");
+}

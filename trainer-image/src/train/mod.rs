@@ -55,9 +55,12 @@ pub fn run(cfg: &TrainerArgs, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     if cfg.optim.deterministic {
         c10d::set_deterministic(true);
     }
-    let (parts, plans) = Parts::build(cfg)?;
+    let (mut parts, plans) = Parts::build(cfg)?;
     let pg = setup::join(&cfg.dist, parts.device)?;
     let pg = pg.as_ref();
+    if let (Some(pg), false) = (pg, cfg.obs.no_profile) {
+        setup::profile_collectives(pg, &mut parts)?;
+    }
     let subgroups = Arena::new();
     let mut t = Trainer::new(cfg, &parts, plans, pg, &subgroups)?;
     while t.step < parts.total {

@@ -250,6 +250,38 @@ fn measure_profile(
     Ok(Some(p))
 }
 
+/// Time the group's all-reduce at start-up and export it with the profile
+/// (every rank runs it, right after joining).
+pub(super) fn profile_collectives(pg: &crate::c10d::ProcessGroup, parts: &mut Parts) -> Result<()> {
+    let c = profile::collective(pg, parts.device)?;
+    parts.mx.set_collective(&c);
+    if let Some(p) = parts.hw_profile.as_mut() {
+        p.allreduce_latency_seconds = Some(c.latency_seconds);
+        p.allreduce_bus_bandwidth_bytes_per_second = Some(c.bus_bandwidth_bytes_per_second);
+    }
+    if pg.rank() == 0 {
+        eprintln!(
+            "rank 0: all-reduce among {} ranks: {:.0} µs for 1 KiB, {:.2e} B/s bus bandwidth at 4 MiB",
+            pg.world_size(),
+            c.latency_seconds * 1e6,
+            c.bus_bandwidth_bytes_per_second
+        );
+    }
+    Ok(())
+}
+
+/// Bytes of the regular files directly in `dir` (a dataset's files).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
 /// Everything a run fixes before its first step.
 pub(super) struct Parts {
     pub device: Device,
@@ -281,10 +313,24 @@ impl Parts {
         let mx = Arc::new(TrainerMetrics::new(gpu.clone()));
         mx.set_device(&profile::device_info(device, gpu.as_ref()));
         let plans = Plans::start(cfg, &mx)?;
+        let loading = Instant::now();
         let data = data::load(&cfg.data, data::Needs::of(cfg))?;
+        let data_read = cfg
+            .data
+            .data_dir
+            .as_deref()
+            .filter(|_| cfg.data.dataset.from_files())
+            .map(|dir| dir_bytes(dir) as f64 / loading.elapsed().as_secs_f64())
+            .filter(|r| r.is_finite() && *r > 0.0);
+        if let Some(r) = data_read {
+            mx.set_data_read(r);
+        }
         // After the configuration is known good: errors stay one line.
         serve_metrics(&cfg.obs, cfg.dist.rank, &mx);
-        let hw_profile = measure_profile(cfg, device, &data, gpu.as_ref(), &mx)?;
+        let mut hw_profile = measure_profile(cfg, device, &data, gpu.as_ref(), &mx)?;
+        if let Some(p) = hw_profile.as_mut() {
+            p.data_read_bytes_per_second = data_read;
+        }
         let spe = steps_per_epoch(data.train_len(), cfg.optim.batch_size);
         let total = match (cfg.optim.max_steps, cfg.optim.epochs) {
             (Some(steps), Some(epochs)) => steps.min(epochs.saturating_mul(spe)),

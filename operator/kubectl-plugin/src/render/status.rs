@@ -162,7 +162,12 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
     out.push_str(&groups.render());
 
     let batches = rank_batches(v);
-    let mut ranks = Table::new(&["RANK", "GROUP", "POD", "NODE", "PHASE", "BATCH"]);
+    let mut ranks = Table::new(&["RANK", "GROUP", "POD", "NODE", "PHASE", "BATCH", "BOUND BY"]);
+    let bound = job
+        .status
+        .as_ref()
+        .map(|s| s.rank_bottlenecks.as_slice())
+        .unwrap_or_default();
     for (rank, (gi, _)) in job.spec.rank_layout().into_iter().enumerate() {
         let rank = rank as u32;
         let pod = v.pod_of(rank);
@@ -174,6 +179,10 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
             opt(pod.and_then(|p| p.spec.as_ref()?.node_name.clone())),
             pod.map_or_else(|| "-".into(), phase),
             opt(batches.get(rank as usize).copied().flatten()),
+            opt(bound
+                .iter()
+                .find(|b| b.rank == rank)
+                .map(|b| b.bottleneck.as_str())),
         ]);
     }
     out.push('\n');
