@@ -567,7 +567,7 @@ async fn end_to_end() {
     // it in the exchange (status.rankBottlenecks, while it runs).
     scenario(&system, "static", || async {
         system
-            .create_job("static", &quickstart("qs", "static", 60, None))
+            .create_job("static", &quickstart("qs", "static", 100, None))
             .await
             .map_err(|e| e.to_string())?;
         use heterotrain_crds::Bottleneck;
