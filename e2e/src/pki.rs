@@ -1,26 +1,36 @@
-//! Certificates and keys for the local API server, made with `openssl`:
-//! a CA, a serving certificate for 127.0.0.1, and the service-account
-//! signing key pair.
+//! Certificates and keys for the local API server, made with `rcgen`
+//! (ECDSA P-256): a CA, a serving certificate for 127.0.0.1 and the API
+//! server's names, and the service-account signing key pair. (rcgen's
+//! default validity, 1975–4096, suits a test bed whose state may be kept.)
 
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .context("running openssl (install it with `make setup`)")?;
-    if !out.status.success() {
-        bail!(
-            "openssl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+/// The serving certificate's names: loopback, the `kubernetes` Service's
+/// cluster IP and DNS names.
+const SERVER_NAMES: [&str; 7] = [
+    "127.0.0.1",
+    "10.96.0.1",
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
+
+fn named(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+fn write(dir: &Path, name: &str, pem: &str) -> Result<()> {
+    std::fs::write(dir.join(name), pem).with_context(|| format!("writing {name}"))
 }
 
 /// Create `ca.{crt,key}`, `server.{crt,key}`, `sa.{key,pub}` in `dir` unless present.
@@ -29,65 +39,41 @@ pub fn ensure_pki(dir: &Path) -> Result<()> {
     if dir.join("server.crt").exists() && dir.join("sa.pub").exists() {
         return Ok(());
     }
-    openssl(dir, &["genrsa", "-out", "ca.key", "2048"])?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-nodes",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=heterotrain-local-ca",
-            "-days",
-            "3650",
-            "-out",
-            "ca.crt",
-        ],
-    )?;
-    openssl(dir, &["genrsa", "-out", "server.key", "2048"])?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-key",
-            "server.key",
-            "-subj",
-            "/CN=kube-apiserver",
-            "-out",
-            "server.csr",
-        ],
-    )?;
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
-         DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n\
-         extendedKeyUsage=serverAuth\n",
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "3650",
-            "-extfile",
-            "server.ext",
-        ],
-    )?;
-    openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
-    openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+    let ca_key = KeyPair::generate().context("generating the CA key")?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = named("heterotrain-local-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).context("self-signing the CA")?;
+
+    let server_key = KeyPair::generate().context("generating the server key")?;
+    let mut server = CertificateParams::default();
+    server.distinguished_name = named("kube-apiserver");
+    server.subject_alt_names = SERVER_NAMES
+        .iter()
+        .map(|n| match n.parse::<std::net::IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => Ok(SanType::DnsName((*n).try_into()?)),
+        })
+        .collect::<Result<_, rcgen::Error>>()
+        .context("the server's names")?;
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let server_cert = server
+        .signed_by(&server_key, &ca_cert, &ca_key)
+        .context("signing the server certificate")?;
+
+    let sa = KeyPair::generate().context("generating the service-account key")?;
+    write(dir, "ca.key", &ca_key.serialize_pem())?;
+    write(dir, "ca.crt", &ca_cert.pem())?;
+    write(dir, "server.key", &server_key.serialize_pem())?;
+    write(dir, "server.crt", &server_cert.pem())?;
+    write(dir, "sa.key", &sa.serialize_pem())?;
+    // Last: its presence says the set is complete.
+    write(dir, "sa.pub", &sa.public_key_pem())?;
     Ok(())
 }

@@ -26,7 +26,7 @@ fn tmp_dir(name: &str) -> std::path::PathBuf {
 async fn https_prometheus_is_trusted_through_the_ca_file_only() {
     let dir = tmp_dir("prom-tls");
     let pki = dir.join("pki");
-    heterotrain_e2e::pki::ensure_pki(&pki).expect("openssl (make setup)");
+    heterotrain_e2e::pki::ensure_pki(&pki).expect("the local PKI");
     let prom = heterotrain_e2e::prometheus::Prometheus::start_with(
         &dir.join("prom"),
         Duration::from_secs(1),
