@@ -1,10 +1,17 @@
-//! The `/metrics` endpoint on its own thread, and the process gauges read
-//! at each scrape.
+//! The `/metrics` endpoint (hyper, on its own thread), and the process
+//! gauges read at each scrape.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::TrainerMetrics;
 
@@ -30,9 +37,10 @@ pub fn process_rss_bytes() -> Option<u64> {
     Some(pages * page.max(4096) as u64)
 }
 
-/// Serve `/metrics` (and `/healthz`) on `addr:port` from a background
-/// thread. Returns the bound address; a bind failure is returned (the
-/// caller warns and trains on without an endpoint).
+/// Serve `/metrics` (and `/healthz`) on `addr:port` with hyper, on a
+/// background thread with its own single-threaded runtime (training never
+/// waits for a scrape). Returns the bound address; a bind failure is
+/// returned (the caller warns and trains on without an endpoint).
 pub fn serve(
     metrics: Arc<TrainerMetrics>,
     addr: &str,
@@ -43,60 +51,67 @@ pub fn serve(
     } else {
         addr.to_string()
     };
-    let listener = TcpListener::bind(format!("{host}:{port}"))?;
+    let listener = std::net::TcpListener::bind(format!("{host}:{port}"))?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(stream) => {
-                        let _ = answer(stream, &metrics);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
-        })?;
+        .spawn(move || runtime.block_on(accept(listener, metrics)))?;
     Ok(local)
 }
 
-/// Answer one HTTP/1.x request and close the connection.
-fn answer(mut s: TcpStream, metrics: &TrainerMetrics) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
+/// Accept connections for ever, each served on its own task.
+async fn accept(listener: std::net::TcpListener, metrics: Arc<TrainerMetrics>) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        eprintln!("warning: the metrics endpoint could not start");
+        return;
+    };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let metrics = Arc::clone(&metrics);
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let path = parts.next().unwrap_or("");
-    let path = path.split('?').next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
+}
+
+/// The answer to one request: `GET /metrics`, `GET /healthz`, else 404/405.
+fn respond(req: &Request<Incoming>, metrics: &TrainerMetrics) -> Response<Full<Bytes>> {
+    let (status, ctype, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             metrics.encode(),
         ),
-        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        (&Method::GET, _) => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_string(),
+        ),
         _ => (
-            "405 Method Not Allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "GET only\n".to_string(),
         ),
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())?;
-    s.flush()
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
 }
