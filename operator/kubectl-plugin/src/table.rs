@@ -1,4 +1,4 @@
-//! Column-aligned plain-text tables, like kubectl's.
+//! Column-aligned plain-text tables, like kubectl's (comfy-table).
 
 /// A table with a header row.
 #[derive(Debug, Default)]
@@ -28,25 +28,20 @@ impl Table {
         self.rows.is_empty()
     }
 
-    /// The table as text, columns separated by at least three spaces.
+    /// The table as text, columns separated by at least three spaces
+    /// (laid out by comfy-table, without borders or wrapping).
     pub fn render(&self) -> String {
-        let widths: Vec<usize> = (0..self.header.len())
-            .map(|i| {
-                std::iter::once(&self.header)
-                    .chain(&self.rows)
-                    .map(|r| r[i].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::NOTHING)
+            .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+            .set_header(self.header.clone())
+            .add_rows(self.rows.clone());
+        for c in t.column_iter_mut() {
+            c.set_padding((0, 3));
+        }
         let mut out = String::new();
-        for r in std::iter::once(&self.header).chain(&self.rows) {
-            let line: Vec<String> = r
-                .iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            out.push_str(line.join("   ").trim_end());
+        for line in t.lines() {
+            out.push_str(line.trim_end());
             out.push('\n');
         }
         out
