@@ -84,25 +84,12 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
 
     // Two ranks on nodes of different speed; the operator reads their
     // metrics from Prometheus only.
-    let job = json!({
-        "apiVersion": "heterotrain.dev/v1alpha1",
-        "kind": "HeteroTrainingJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "workers": [
-                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
-                 "resources": {"limits": {"cpu": "1"}}},
-                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
-                 "resources": {"limits": {"cpu": "1"}}}
-            ],
-            "model": {"name": "mlp"},
-            "dataset": {"name": "synthetic_image", "syntheticSamples": 4096},
-            "training": {"globalBatchSize": 64, "epochs": 100000, "maxSteps": 1000000, "learningRate": "0.05"},
-            "loadBalancing": {"policy": "dynamic", "metricsSource": "prometheus", "rebalanceIntervalSteps": 5,
-                              "prometheusUrl": prom_url},
-            "profiling": {"enabled": true}
-        }
-    });
+    let job = pair_job(
+        JOB,
+        json!({"policy": "dynamic", "metricsSource": "prometheus", "rebalanceIntervalSteps": 5,
+               "prometheusUrl": prom_url}),
+        true,
+    );
     let jobs = jobs_api(&client, NS);
     jobs.create(
         &PostParams::default(),
@@ -226,19 +213,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
     let text = http_get(&format!("{ip}:9400"), "/metrics").expect("trainer /metrics");
     promtool_check_metrics(&text);
 
-    jobs.delete(JOB, &DeleteParams::default()).await.unwrap();
-    wait_for("the job's pods to go", Duration::from_secs(60), || {
-        let pods = pods.clone();
-        async move {
-            pods.list(&ListParams::default().labels(&format!("heterotrain.dev/job={JOB}")))
-                .await
-                .ok()?
-                .items
-                .is_empty()
-                .then_some(())
-        }
-    })
-    .await;
+    delete_and_wait(&jobs, &pods, JOB).await;
     straggler_alert_fires(&client, prom, &jobs).await;
     run_helm(&[
         "uninstall",
@@ -287,24 +262,7 @@ async fn straggler_alert_fires(
         .join("\n");
     prom.load_rules(&shortened).expect("load the alert rules");
     let name = "straggle";
-    let job = json!({
-        "apiVersion": "heterotrain.dev/v1alpha1",
-        "kind": "HeteroTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workers": [
-                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
-                 "resources": {"limits": {"cpu": "1"}}},
-                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
-                 "resources": {"limits": {"cpu": "1"}}}
-            ],
-            "model": {"name": "mlp"},
-            "dataset": {"name": "synthetic_image", "syntheticSamples": 4096},
-            "training": {"globalBatchSize": 64, "epochs": 100000, "maxSteps": 1000000, "learningRate": "0.05"},
-            "loadBalancing": {"policy": "static"},
-            "profiling": {"enabled": false}
-        }
-    });
+    let job = pair_job(name, json!({"policy": "static"}), false);
     jobs.create(
         &PostParams::default(),
         &serde_json::from_value(job).unwrap(),
@@ -347,24 +305,55 @@ async fn straggler_alert_fires(
         .find(|p| p.title == "Straggling ranks")
         .expect("the straggler panel");
     let expr = substitute(&panel.exprs[0], NS, name, RATE_INTERVAL);
-    let count = query(prom, &expr).expect("the panel's query");
-    assert_eq!(count[0]["value"][1], "1", "{expr}: {count:?}");
-    jobs.delete(name, &DeleteParams::default()).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     wait_for(
-        "the static job's pods to go",
+        "the straggler panel to count 1",
         Duration::from_secs(60),
         || {
-            let pods = pods.clone();
-            async move {
-                pods.list(&ListParams::default().labels(&format!("heterotrain.dev/job={name}")))
-                    .await
-                    .ok()?
-                    .items
-                    .is_empty()
-                    .then_some(())
-            }
+            let count = query(prom, &expr).unwrap_or_default();
+            async move { (count.first()?["value"][1] == "1").then_some(()) }
         },
     )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    delete_and_wait(jobs, &pods, name).await;
+}
+
+/// A long two-rank job `name` with one rank on `fast` and one on `slow`,
+/// balanced as `load_balancing` says.
+fn pair_job(name: &str, load_balancing: serde_json::Value, profiling: bool) -> serde_json::Value {
+    json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": [
+                {"name": "fast", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "fast"},
+                 "resources": {"limits": {"cpu": "1"}}},
+                {"name": "slow", "replicas": 1, "threads": 1, "nodeSelector": {"kubernetes.io/hostname": "slow"},
+                 "resources": {"limits": {"cpu": "1"}}}
+            ],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image", "syntheticSamples": 4096},
+            "training": {"globalBatchSize": 64, "epochs": 100000, "maxSteps": 1000000, "learningRate": "0.05"},
+            "loadBalancing": load_balancing,
+            "profiling": {"enabled": profiling}
+        }
+    })
+}
+
+/// Delete job `name` and wait until its pods are gone.
+async fn delete_and_wait(jobs: &Api<kube::api::DynamicObject>, pods: &Api<Pod>, name: &str) {
+    jobs.delete(name, &DeleteParams::default()).await.unwrap();
+    wait_for("the job's pods to go", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&format!("heterotrain.dev/job={name}")))
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        }
+    })
     .await;
 }
