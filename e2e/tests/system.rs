@@ -358,6 +358,152 @@ async fn gang_scheduling(system: &System, wait: Duration) -> Result<(), String> 
     Ok(())
 }
 
+async fn pod_customisation(system: &System, wait: Duration) -> Result<(), String> {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    use kube::api::PostParams;
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let client = system.client().await.map_err(|x| e(&x))?;
+    let ns = "custom";
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    for (name, data) in [
+        ("tokenizer-files", serde_json::json!({"vocab.txt": "a b c"})),
+        (
+            "training-settings",
+            serde_json::json!({"EXPERIMENT": "e2e-custom"}),
+        ),
+    ] {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": data}))
+                .map_err(|x| e(&x))?;
+        cms.create(&PostParams::default(), &cm)
+            .await
+            .map_err(|x| e(&x))?;
+    }
+    let class: PriorityClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "heterotrain-e2e-custom"}, "value": 500
+    }))
+    .map_err(|x| e(&x))?;
+    Api::<PriorityClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .map_err(|x| e(&x))?;
+    let job = r#"apiVersion: heterotrain.dev/v1alpha1
+kind: HeteroTrainingJob
+metadata: {name: custom}
+spec:
+  workers:
+    - name: cpu
+      replicas: 2
+      threads: 1
+      nodeSelector: {pool: big-cpu}
+      resources: {requests: {cpu: "1"}, limits: {cpu: "1", memory: 2Gi}}
+      imagePullSecrets: [{name: registry-creds}]
+      priorityClassName: heterotrain-e2e-custom
+      shmSize: 64Mi
+      volumes: [{name: tokenizer, configMap: {name: tokenizer-files}}]
+      volumeMounts: [{name: tokenizer, mountPath: /etc/tokenizer, readOnly: true}]
+      envFrom: [{configMapRef: {name: training-settings}}]
+      podLabels: {team: language}
+      podAnnotations: {example.org/cost-centre: "4711"}
+  model: {name: mlp, hidden: 32, layers: 1}
+  dataset: {name: synthetic_image, syntheticSamples: 1024}
+  training: {globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}
+  loadBalancing: {policy: static}
+  profiling: {enabled: false}
+  checkpoint: {everySteps: 0}
+"#;
+    system.create_job(ns, job).await.map_err(|x| e(&x))?;
+    system
+        .wait_job(ns, "custom", wait, "Succeeded", succeeded)
+        .await
+        .map_err(|x| e(&x))?;
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let all = pods
+        .list(&ListParams::default().labels("heterotrain.dev/job=custom"))
+        .await
+        .map_err(|x| e(&x))?;
+    if all.items.len() != 2 {
+        return Err(format!("{} pods, want 2", all.items.len()));
+    }
+    for p in &all.items {
+        let spec = p.spec.clone().unwrap_or_default();
+        let meta = &p.metadata;
+        let c = spec.containers.first().cloned().unwrap_or_default();
+        let mounts: Vec<(String, String)> = c
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| (m.name, m.mount_path))
+            .collect();
+        let volume = |name: &str| {
+            spec.volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == name)
+                .cloned()
+        };
+        let checks = [
+            (
+                "imagePullSecrets",
+                spec.image_pull_secrets
+                    .iter()
+                    .flatten()
+                    .any(|s| s.name == "registry-creds"),
+            ),
+            (
+                "priorityClassName",
+                spec.priority_class_name.as_deref() == Some("heterotrain-e2e-custom"),
+            ),
+            (
+                "the ConfigMap volume",
+                volume("tokenizer")
+                    .and_then(|v| v.config_map)
+                    .map(|c| c.name)
+                    == Some("tokenizer-files".into()),
+            ),
+            (
+                "its mount",
+                mounts.contains(&("tokenizer".into(), "/etc/tokenizer".into())),
+            ),
+            (
+                "/dev/shm",
+                volume("dshm")
+                    .and_then(|v| v.empty_dir)
+                    .is_some_and(|d| d.medium.as_deref() == Some("Memory"))
+                    && mounts.contains(&("dshm".into(), "/dev/shm".into())),
+            ),
+            (
+                "envFrom",
+                c.env_from.iter().flatten().any(|f| {
+                    f.config_map_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name == "training-settings")
+                }),
+            ),
+            (
+                "podLabels",
+                meta.labels
+                    .as_ref()
+                    .and_then(|l| l.get("team"))
+                    .map(String::as_str)
+                    == Some("language"),
+            ),
+            (
+                "podAnnotations",
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get("example.org/cost-centre"))
+                    .map(String::as_str)
+                    == Some("4711"),
+            ),
+        ];
+        if let Some((what, _)) = checks.iter().find(|(_, ok)| !ok) {
+            return Err(format!("pod {:?} lacks {what}: {p:?}", meta.name));
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end() {
     let mut nodes = NodesFile::parse(NODES).unwrap();
@@ -612,6 +758,15 @@ async fn end_to_end() {
     // to Succeeded, their pods carrying the wiring.
     scenario(&system, "gang", || async {
         gang_scheduling(&system, wait).await
+    })
+    .await;
+
+    // 2c. pod customisation: a job whose group mounts a ConfigMap volume,
+    // names an imagePullSecret and a PriorityClass, takes env from a
+    // ConfigMap, sets /dev/shm, labels and annotations trains to
+    // Succeeded, and its pods carry each.
+    scenario(&system, "custom", || async {
+        pod_customisation(&system, wait).await
     })
     .await;
 
