@@ -12,7 +12,7 @@ use std::time::Duration;
 use heterotrain_crds::HeteroTrainingJob;
 use heterotrain_e2e::nodesim::NodesFile;
 use heterotrain_e2e::system::{replica_kubeconfig, System, SystemOptions, OPERATOR_NAMESPACE};
-use support::repo_root;
+use support::{repo_root, SHORT_RUN};
 
 const NODES: &str = r#"
 nodes:
@@ -26,12 +26,6 @@ metadata: {name: from-image}
 spec:
   workers:
     - {name: cpu, replicas: 2, threads: 1, resources: {requests: {cpu: "1"}, limits: {cpu: "1"}}}
-  model: {name: mlp, hidden: 32, layers: 1}
-  dataset: {name: synthetic_image, syntheticSamples: 1024}
-  training: {globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}
-  loadBalancing: {policy: static}
-  profiling: {enabled: false}
-  checkpoint: {everySteps: 0}
 "#;
 
 /// The container storage `make images` builds into (this project's own).
@@ -146,7 +140,10 @@ async fn operator_image_builds_from_scratch_and_reconciles_a_job() {
         .arg("--scrape-interval=1"));
 
     system.create_namespace("image").await.expect("namespace");
-    system.create_job("image", JOB).await.expect("job");
+    system
+        .create_job("image", &format!("{JOB}{SHORT_RUN}"))
+        .await
+        .expect("job");
     let done = system
         .wait_job(
             "image",

@@ -5,6 +5,8 @@
 //! and speeds must not interfere), each in its own namespace; a failing
 //! scenario dumps jobs, pods, pod logs, events and the operator log.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use heterotrain_e2e::nodesim::{netpol, NodesFile};
 use heterotrain_e2e::system::{System, SystemOptions};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
+use support::SHORT_RUN;
 
 const NODES: &str = r#"
 nodes:
@@ -212,22 +215,29 @@ spec:
       threads: 1
       nodeSelector: {{pool: big-cpu}}
       resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
-  model: {{name: mlp, hidden: 32, layers: 1}}
-  dataset: {{name: synthetic_image, syntheticSamples: 1024}}
-  training: {{globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}}
-  loadBalancing: {{policy: static}}
-  profiling: {{enabled: false}}
-  checkpoint: {{everySteps: 0}}
-  runPolicy:
+{SHORT_RUN}  runPolicy:
     schedulingPolicy: {policy}
 "#
     )
 }
 
+/// Create the PriorityClass `name` with `value`.
+async fn priority_class(client: &kube::Client, name: &str, value: i32) -> Result<(), String> {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let class: PriorityClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name}, "value": value
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<PriorityClass>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &class)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 async fn gang_scheduling(system: &System, wait: Duration) -> Result<(), String> {
     use heterotrain_e2e::crd;
-    use k8s_openapi::api::scheduling::v1::PriorityClass;
-    use kube::api::{ApiResource, DynamicObject, PostParams};
+    use kube::api::{ApiResource, DynamicObject};
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let client = system.client().await.map_err(|x| e(&x))?;
     for c in [crd::volcano_pod_group_crd(), crd::kueue_local_queue_crd()] {
@@ -235,14 +245,7 @@ async fn gang_scheduling(system: &System, wait: Duration) -> Result<(), String> 
             .await
             .map_err(|x| e(&x))?;
     }
-    let class: PriorityClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "heterotrain-e2e-high"}, "value": 1000
-    }))
-    .map_err(|x| e(&x))?;
-    Api::<PriorityClass>::all(client.clone())
-        .create(&PostParams::default(), &class)
-        .await
-        .map_err(|x| e(&x))?;
+    priority_class(&client, "heterotrain-e2e-high", 1000).await?;
     let ns = "gang";
     let volcano = gang_job(
         "vc",
@@ -359,7 +362,6 @@ async fn gang_scheduling(system: &System, wait: Duration) -> Result<(), String> 
 }
 
 async fn pod_customisation(system: &System, wait: Duration) -> Result<(), String> {
-    use k8s_openapi::api::scheduling::v1::PriorityClass;
     use kube::api::PostParams;
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let client = system.client().await.map_err(|x| e(&x))?;
@@ -379,14 +381,7 @@ async fn pod_customisation(system: &System, wait: Duration) -> Result<(), String
             .await
             .map_err(|x| e(&x))?;
     }
-    let class: PriorityClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "heterotrain-e2e-custom"}, "value": 500
-    }))
-    .map_err(|x| e(&x))?;
-    Api::<PriorityClass>::all(client.clone())
-        .create(&PostParams::default(), &class)
-        .await
-        .map_err(|x| e(&x))?;
+    priority_class(&client, "heterotrain-e2e-custom", 500).await?;
     let job = r#"apiVersion: heterotrain.dev/v1alpha1
 kind: HeteroTrainingJob
 metadata: {name: custom}
@@ -405,14 +400,9 @@ spec:
       envFrom: [{configMapRef: {name: training-settings}}]
       podLabels: {team: language}
       podAnnotations: {example.org/cost-centre: "4711"}
-  model: {name: mlp, hidden: 32, layers: 1}
-  dataset: {name: synthetic_image, syntheticSamples: 1024}
-  training: {globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}
-  loadBalancing: {policy: static}
-  profiling: {enabled: false}
-  checkpoint: {everySteps: 0}
 "#;
-    system.create_job(ns, job).await.map_err(|x| e(&x))?;
+    let job = format!("{job}{SHORT_RUN}");
+    system.create_job(ns, &job).await.map_err(|x| e(&x))?;
     system
         .wait_job(ns, "custom", wait, "Succeeded", succeeded)
         .await

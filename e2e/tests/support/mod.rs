@@ -334,3 +334,14 @@ pub use cluster::*;
 
 /// Helpers for tests against the local control plane.
 pub mod cluster;
+
+/// The rest of a short test job's spec after its `workers` (indented as a
+/// `spec` field): a small mlp on synthetic images for 20 steps, static
+/// split, no profile, no checkpoints.
+pub const SHORT_RUN: &str = r#"  model: {name: mlp, hidden: 32, layers: 1}
+  dataset: {name: synthetic_image, syntheticSamples: 1024}
+  training: {globalBatchSize: 32, maxSteps: 20, learningRate: "0.01"}
+  loadBalancing: {policy: static}
+  profiling: {enabled: false}
+  checkpoint: {everySteps: 0}
+"#;
