@@ -61,6 +61,12 @@ pub const PROFILE_ALLREDUCE_LATENCY_SECONDS: &str = "heterotrain_profile_allredu
 /// bytes/s (the algorithm bandwidth × 2(n−1)/n, as NCCL's tests report it).
 pub const PROFILE_ALLREDUCE_BANDWIDTH: &str =
     "heterotrain_profile_allreduce_bus_bandwidth_bytes_per_second";
+/// Gauge, label `peer`: bytes/s of receiving 4 MiB from rank `peer` while
+/// every rank exchanges with its peer at the same ring shift, at start-up
+/// (every pair up to 8 ranks, ring neighbours above; absent alone).
+pub const PROFILE_LINK_BANDWIDTH: &str = "heterotrain_profile_link_bandwidth_bytes_per_second";
+/// Gauge: bytes of gradient each step exchanges (the trainable parameters).
+pub const GRADIENT_BYTES: &str = "heterotrain_gradient_bytes";
 /// Gauge: bytes of the dataset's files per second of loading them (read and
 /// decode) at start-up; absent for synthetic data.
 pub const PROFILE_DATA_READ_BANDWIDTH: &str = "heterotrain_profile_data_read_bytes_per_second";

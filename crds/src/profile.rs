@@ -78,6 +78,13 @@ pub struct HardwareProfile {
     /// Bus bandwidth of a large all-reduce among all ranks, bytes/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_bus_bandwidth_bytes_per_second: Option<f64>,
+    /// The slowest rank-to-rank link this rank measured at start-up
+    /// (receiving 4 MiB from a peer), bytes/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest_link_bytes_per_second: Option<f64>,
+    /// Bytes of gradient each step exchanges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_bytes: Option<u64>,
     /// The dataset's files loaded (read and decoded) per second, bytes/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_read_bytes_per_second: Option<f64>,

@@ -38,6 +38,8 @@ fn trainer_metrics() -> BTreeSet<String> {
         m::PROFILE_ALLREDUCE_LATENCY_SECONDS,
         m::PROFILE_ALLREDUCE_BANDWIDTH,
         m::PROFILE_DATA_READ_BANDWIDTH,
+        m::PROFILE_LINK_BANDWIDTH,
+        m::GRADIENT_BYTES,
         m::GPU_PCIE_LINK_GENERATION,
         m::GPU_PCIE_LINK_WIDTH,
         m::GPU_PCIE_MAX_LINK_GENERATION,

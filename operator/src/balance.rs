@@ -6,7 +6,7 @@
 use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Policy, Quality};
 use heterotrain_crds::{BatchPlan, HeteroTrainingJobSpec};
 
-use crate::scrape::{RankMetrics, RankProfile};
+use crate::scrape::{RankLink, RankMetrics, RankProfile};
 use crate::validate::ValidatedJob;
 
 /// Balancer config from the job spec (`window`: live samples kept per rank).
@@ -76,6 +76,16 @@ pub fn split_from_profiles(
     ))
 }
 
+/// Give `b` rank `rank`'s start-up communication figures (and the
+/// gradient size it exported); whether they were taken.
+fn observe_link(b: &mut Balancer, rank: usize, l: &RankLink) -> bool {
+    if let Some(g) = l.gradient_bytes {
+        b.set_gradient_bytes(g);
+    }
+    b.observe_link(rank, l.latency_seconds, l.bandwidth_bytes_per_second)
+        .is_ok()
+}
+
 /// Balancing state of one gang of one job.
 pub struct JobBalancer {
     inner: Balancer,
@@ -93,6 +103,9 @@ pub struct JobBalancer {
     /// new plan's, else the current one's); `None` before any decision.
     expected_generation: Option<u64>,
     profile_plan_done: bool,
+    /// Start-up communication figures, by rank (for the profile plan's
+    /// balancer too).
+    links: Vec<Option<RankLink>>,
 }
 
 /// A rank's plan generation, steps and compute + communication seconds.
@@ -113,6 +126,7 @@ impl JobBalancer {
             last_step_time: vec![None; world],
             expected_generation: None,
             profile_plan_done: false,
+            links: vec![None; world],
         })
     }
 
@@ -126,6 +140,13 @@ impl JobBalancer {
                     .is_ok()
             {
                 self.profiles[rank] = Some(p.clone());
+            }
+        }
+        if let Some(l) = m.link {
+            if observe_link(&mut self.inner, rank, &l) {
+                if let Some(slot) = self.links.get_mut(rank) {
+                    *slot = Some(l);
+                }
             }
         }
         let Some(batch) = m.local_batch.filter(|b| *b > 0) else {
@@ -250,6 +271,11 @@ impl JobBalancer {
             for (r, p) in self.profiles.iter().enumerate() {
                 if let Some(p) = p {
                     prior.observe_profile(r, &p.points, p.max_batch)?;
+                }
+            }
+            for (r, l) in self.links.iter().enumerate() {
+                if let Some(l) = l {
+                    observe_link(&mut prior, r, l);
                 }
             }
             let d = prior.decide(&current.batch_sizes)?;

@@ -324,6 +324,28 @@ int ht_pg_broadcast_async(void* h, at::Tensor* t, int root, void** work, char* e
   return guarded(err, err_len, [&] { hand_out(start_broadcast(g, *t, root), work); });
 }
 
+// Start a point-to-point send of one tensor to `peer` (see hand_out).
+int ht_pg_send_async(void* h, at::Tensor* t, int peer, int tag, void** work, char* err,
+                     size_t err_len) {
+  auto g = static_cast<HtGroup*>(h);
+  *work = nullptr;
+  return guarded(err, err_len, [&] {
+    std::vector<at::Tensor> ts{*t};
+    hand_out(backend_for(g, *t).send(ts, peer, tag), work);
+  });
+}
+
+// Start a point-to-point receive into one tensor from `peer` (see hand_out).
+int ht_pg_recv_async(void* h, at::Tensor* t, int peer, int tag, void** work, char* err,
+                     size_t err_len) {
+  auto g = static_cast<HtGroup*>(h);
+  *work = nullptr;
+  return guarded(err, err_len, [&] {
+    std::vector<at::Tensor> ts{*t};
+    hand_out(backend_for(g, *t).recv(ts, peer, tag), work);
+  });
+}
+
 // outs: world tensors, each shaped like *t.
 int ht_pg_allgather(void* h, at::Tensor* t, at::Tensor** outs, char* err,
                     size_t err_len) {

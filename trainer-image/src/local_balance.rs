@@ -16,7 +16,21 @@ use crate::error::{Result, TrainerError};
 const MAX_POINTS: usize = 8;
 
 /// A rank's gathered profile: `(batch, seconds)` points and its memory cap.
-pub type GatheredProfile = Option<(Vec<(u32, f64)>, u32)>;
+pub type GatheredProfile = Option<RankProfileFigures>;
+
+/// One rank's profile as gathered for the local balancer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankProfileFigures {
+    /// `(batch size, seconds)` at each probe batch size.
+    pub points: Vec<(u32, f64)>,
+    /// Largest local batch that fits.
+    pub cap: u32,
+    /// Start-up communication: all-reduce latency (s) and slowest-link
+    /// bandwidth (B/s), when measured.
+    pub link: Option<(f64, f64)>,
+    /// Bytes of gradient each step exchanges.
+    pub gradient_bytes: Option<u64>,
+}
 
 /// One rank's measurements since the last balancing round.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -122,7 +136,10 @@ pub fn gather_profiles(
     pg: Option<&ProcessGroup>,
     mine: Option<&HardwareProfile>,
 ) -> Result<Vec<GatheredProfile>> {
-    let mut v = vec![0f64; 2 + 2 * MAX_POINTS];
+    // [present, cap, (batch, seconds) × MAX_POINTS, latency, bandwidth,
+    // gradient bytes]; 0 where unknown.
+    let comm = 2 + 2 * MAX_POINTS;
+    let mut v = vec![0f64; comm + 3];
     if let Some(p) = mine {
         v[0] = 1.0;
         v[1] = f64::from(p.max_batch_size);
@@ -130,6 +147,12 @@ pub fn gather_profiles(
             v[2 + 2 * i] = f64::from(pt.batch_size);
             v[3 + 2 * i] = pt.seconds;
         }
+        v[comm] = p.allreduce_latency_seconds.unwrap_or(0.0);
+        v[comm + 1] = p
+            .slowest_link_bytes_per_second
+            .or(p.allreduce_bus_bandwidth_bytes_per_second)
+            .unwrap_or(0.0);
+        v[comm + 2] = p.gradient_bytes.unwrap_or(0) as f64;
     }
     let all: Vec<Vec<f64>> = match pg {
         None => vec![v],
@@ -142,7 +165,7 @@ pub fn gather_profiles(
     Ok(all
         .into_iter()
         .map(|v| {
-            if v.len() < 2 + 2 * MAX_POINTS || v[0] < 0.5 {
+            if v.len() < comm + 3 || v[0] < 0.5 {
                 return None;
             }
             let points: Vec<(u32, f64)> = (0..MAX_POINTS)
@@ -150,7 +173,13 @@ pub fn gather_profiles(
                 .filter(|(b, t)| *b >= 1.0 && *t > 0.0)
                 .map(|(b, t)| (b as u32, t))
                 .collect();
-            Some((points, v[1].max(1.0) as u32))
+            let (latency, bandwidth, gradient) = (v[comm], v[comm + 1], v[comm + 2]);
+            Some(RankProfileFigures {
+                points,
+                cap: v[1].max(1.0) as u32,
+                link: (latency > 0.0 && bandwidth > 0.0).then_some((latency, bandwidth)),
+                gradient_bytes: (gradient >= 1.0).then_some(gradient as u64),
+            })
         })
         .collect())
 }
@@ -191,9 +220,16 @@ impl LocalBalancer {
     /// Feed the start-up profiles.
     pub fn observe_profiles(&mut self, profiles: &[GatheredProfile]) {
         for (r, p) in profiles.iter().enumerate() {
-            if let Some((points, cap)) = p {
-                if let Err(e) = self.inner.observe_profile(r, points, *cap) {
-                    eprintln!("warning: balancer: rank {r}'s profile: {e}");
+            let Some(p) = p else { continue };
+            if let Err(e) = self.inner.observe_profile(r, &p.points, p.cap) {
+                eprintln!("warning: balancer: rank {r}'s profile: {e}");
+            }
+            if let Some(g) = p.gradient_bytes {
+                self.inner.set_gradient_bytes(g);
+            }
+            if let Some((latency, bandwidth)) = p.link {
+                if let Err(e) = self.inner.observe_link(r, latency, bandwidth) {
+                    eprintln!("warning: balancer: rank {r}'s link figures: {e}");
                 }
             }
         }

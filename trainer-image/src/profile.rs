@@ -285,10 +285,68 @@ const LARGE: i64 = 1 << 20;
 /// whole group (every rank runs the same fixed sequence, so it is safe for
 /// collectives): the mean seconds of a 1 KiB all-reduce (latency) and the
 /// bus bandwidth of a 4 MiB one (algorithm bandwidth × 2(n−1)/n, bytes/s).
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// Rank to rank, where cheap (at most [`ALL_PAIRS_UP_TO`] ranks: every
+/// pair; above, each rank and its ring neighbours only): in round `s` every
+/// rank sends 4 MiB to rank `r + s` while it receives 4 MiB from `r − s`
+/// (mod n); `links` holds, per peer a rank received from, the bytes/s of
+/// that round as this rank saw it.
+#[derive(Clone, Debug, PartialEq)]
 pub struct CommProfile {
     pub latency_seconds: f64,
     pub bus_bandwidth_bytes_per_second: f64,
+    /// `(peer, bytes/s)`, by peer.
+    pub links: Vec<(usize, f64)>,
+}
+
+impl CommProfile {
+    /// The slowest rank-to-rank link this rank measured, bytes/s.
+    pub fn slowest_link(&self) -> Option<f64> {
+        self.links.iter().map(|&(_, b)| b).reduce(f64::min)
+    }
+}
+
+/// Groups up to this size measure every pair of ranks; larger ones only
+/// ring neighbours (n − 1 rounds would cost too much start-up time).
+pub const ALL_PAIRS_UP_TO: usize = 8;
+/// Timed exchanges per round of the rank-to-rank measurement.
+const LINK_REPS: u32 = 3;
+
+/// The shifts `s` of the rank-to-rank rounds in a group of `n`.
+pub fn link_shifts(n: usize) -> Vec<usize> {
+    match n {
+        0 | 1 => Vec::new(),
+        2..=ALL_PAIRS_UP_TO => (1..n).collect(),
+        _ => vec![1, n - 1],
+    }
+}
+
+/// Time rank-to-rank exchanges of 4 MiB (see [`CommProfile`]); host
+/// tensors, as the network between hosts is what it measures.
+fn links(pg: &crate::c10d::ProcessGroup) -> Result<Vec<(usize, f64)>> {
+    let (n, r) = (pg.world_size(), pg.rank());
+    let mut send = Tensor::zeros([LARGE], (Kind::Float, Device::Cpu));
+    let mut recv = Tensor::zeros([LARGE], (Kind::Float, Device::Cpu));
+    let mut out = Vec::new();
+    for s in link_shifts(n) {
+        let (to, from) = ((r + s) % n, (r + n - s) % n);
+        let tag = s as i32;
+        let mut round = || -> Result<()> {
+            let sent = pg.send_async(&mut send, to, tag)?;
+            let got = pg.recv_async(&mut recv, from, tag)?;
+            sent.wait()?;
+            got.wait()
+        };
+        round()?; // warm-up: the pair's connection
+        let start = Instant::now();
+        for _ in 0..LINK_REPS {
+            round()?;
+        }
+        let seconds = start.elapsed().as_secs_f64() / f64::from(LINK_REPS);
+        out.push((from, (LARGE * 4) as f64 / seconds.max(1e-9)));
+    }
+    out.sort_by_key(|l| l.0);
+    Ok(out)
 }
 
 /// Measure [`CommProfile`] on `pg` with tensors on `device`.
@@ -313,6 +371,7 @@ pub fn collective(pg: &crate::c10d::ProcessGroup, device: Device) -> Result<Comm
     Ok(CommProfile {
         latency_seconds: latency,
         bus_bandwidth_bytes_per_second: bytes / large_seconds.max(1e-9) * 2.0 * (n - 1.0) / n,
+        links: links(pg)?,
     })
 }
 
@@ -349,4 +408,26 @@ fn max_batch(
     let extra = (free / per_sample) as u64;
     let fit = (u64::from(b1) + extra).min(MAX_BATCH_CAP);
     (fit as u32).max(largest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{link_shifts, ALL_PAIRS_UP_TO};
+
+    #[test]
+    fn small_groups_measure_every_pair_large_ones_their_ring_neighbours() {
+        assert!(link_shifts(1).is_empty());
+        assert_eq!(link_shifts(2), [1]);
+        // Round s pairs r with r + s and r − s: shifts 1..n cover every
+        // ordered pair once.
+        let n = ALL_PAIRS_UP_TO;
+        let mut seen = std::collections::BTreeSet::new();
+        for s in link_shifts(n) {
+            for r in 0..n {
+                assert!(seen.insert((r, (r + n - s) % n)), "pair measured twice");
+            }
+        }
+        assert_eq!(seen.len(), n * (n - 1));
+        assert_eq!(link_shifts(n + 4), [1, n + 3]);
+    }
 }

@@ -13,21 +13,6 @@ fn step_losses(out: &std::path::Path) -> Vec<f64> {
         .collect()
 }
 
-fn write_cifar(dir: &std::path::Path, n: usize) {
-    let mut bytes = Vec::new();
-    let mut state = 12345u32;
-    for i in 0..n {
-        let label = (i % 10) as u8;
-        bytes.push(label);
-        for _ in 0..3072 {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            bytes.push(label * 20 + (state >> 28) as u8);
-        }
-    }
-    std::fs::write(dir.join("data_batch_1.bin"), &bytes).unwrap();
-    std::fs::write(dir.join("test_batch.bin"), &bytes[..3073 * 20]).unwrap();
-}
-
 #[test]
 fn cifar10_binary_with_resnet18_and_simple_cnn() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,10 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let master = free_port();
+    // A dataset loaded from files, so the load figure exists.
+    let data = dir.path().join("cifar");
+    std::fs::create_dir_all(&data).unwrap();
+    write_cifar(&data, 256);
     // Rank 1 on its own loopback IP, same metrics port: as pods.
     let children: Vec<_> = (0..2)
         .map(|r| {
@@ -113,8 +117,12 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
                     "1",
                     "--batch-size",
                     "32",
-                    "--synthetic-samples",
-                    "20000",
+                    "--dataset",
+                    "cifar10",
+                    "--data-dir",
+                    &data.display().to_string(),
+                    "--epochs",
+                    "1000",
                     "--max-steps",
                     "150",
                     "--step-sleep-ms",
@@ -190,7 +198,8 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
     assert!(b[m::PROFILE_PER_SAMPLE_SECONDS] > 0.0);
     // The two ranks timed their all-reduce at start-up: a 1 KiB one takes
     // between a microsecond and a second here, and 4 MiB move at some
-    // bandwidth; synthetic data has no load figure.
+    // bandwidth, and so do 4 MiB from the other rank; the dataset's files
+    // loaded at some rate.
     let latency = b[m::PROFILE_ALLREDUCE_LATENCY_SECONDS];
     assert!(
         (1e-6..1.0).contains(&latency),
@@ -198,7 +207,18 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
     );
     let bus = b[m::PROFILE_ALLREDUCE_BANDWIDTH];
     assert!(bus > 1e6, "all-reduce bus bandwidth {bus}");
-    assert_eq!(b[m::PROFILE_DATA_READ_BANDWIDTH], 0.0);
+    let link = format!("{}{{peer=\"0\"}}", m::PROFILE_LINK_BANDWIDTH);
+    assert!(b[&link] > 1e6, "{link} {}", b[&link]);
+    assert!(
+        !b.keys().any(|k| k.contains("peer=\"1\"")),
+        "rank 1 measured no link to itself"
+    );
+    let read = b[m::PROFILE_DATA_READ_BANDWIDTH];
+    assert!(read.is_finite() && read > 0.0, "data read {read}");
+    // mlp (hidden 128) on 3×32×32 images: 3072 → 128 → 128 → 10, weights
+    // and biases, f32.
+    let params = 3072 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10;
+    assert_eq!(b[m::GRADIENT_BYTES], f64::from(4 * params));
     // What bounds the step: one kind at a time.
     let kinds: f64 = heterotrain_crds::bottleneck::Bottleneck::PHASES
         .iter()

@@ -133,6 +133,7 @@ impl Balancer {
         let current_out: Vec<usize> =
             cur.map_or_else(Vec::new, |c| (1..n).filter(|&r| c[r] == 0).collect());
         let margin = cfg.leave_out_margin_percent;
+        let exchange = self.exchange();
         let choice = subset::choose(
             split_models,
             cfg.global_batch_size,
@@ -141,8 +142,9 @@ impl Balancer {
             &eligible,
             &current_out,
             margin,
+            exchange.as_ref(),
         )?;
-        let leave_out_note = choice.leave_out_note(split_models, &lower, margin);
+        let leave_out_note = choice.leave_out_note(split_models, &lower, margin, exchange.as_ref());
         let mut plan = choice.batches;
         let mut predicted = max_step(predict_models, &plan);
         out.predicted_step_seconds = predicted;

@@ -9,6 +9,8 @@
 //!   `seed-formula`) with hysteresis, damping, straggler and staleness rules;
 //!   the measurement policies leave out ranks that only slow the step down
 //!   (local batch 0; never rank 0) and re-admit them for measurement.
+//! - `exchange`: the gradient exchange's seconds per membership, from the
+//!   ranks' start-up latency and link bandwidth, in the step-time model.
 //! - [`quality`]: coefficient of variation of per-rank compute time.
 //! - [`sim`]: a discrete-event simulator of synchronous ranks that runs the
 //!   policies at scale (used by the `heterotrain-sim` and
@@ -22,6 +24,7 @@ mod config;
 mod decide;
 mod decision;
 mod error;
+mod exchange;
 mod measured;
 pub mod model;
 mod policy;

@@ -2,6 +2,7 @@
 //! its live measurement window, seed-formula inputs, and whether it still
 //! reports.
 
+use crate::exchange::Link;
 use crate::model::LiveModel;
 use crate::StepModel;
 
@@ -36,6 +37,8 @@ pub(crate) struct RankState {
     /// Exposed communication per step (seconds, exponentially smoothed):
     /// the step time this rank spent not computing.
     pub communication: Option<f64>,
+    /// Start-up communication figures (see [`crate::exchange`]).
+    pub link: Option<Link>,
     /// Decisions in a row this rank has been left out (batch 0 in the
     /// current plan).
     pub out_decisions: u32,
@@ -89,6 +92,7 @@ impl RankState {
             profile_trusted: true,
             refits_since_decision: 0,
             communication: None,
+            link: None,
             out_decisions: 0,
             readmit_factor: 1,
             trial_samples: None,

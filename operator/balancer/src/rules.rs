@@ -127,6 +127,8 @@ impl Balancer {
         push_note(&mut d.reason, &note);
         let notes = subset::settle(&mut self.ranks, &decided, &self.config);
         d.reason.push_str(&notes);
+        // Of the ranks that train under the decided plan.
+        d.communication_seconds = self.communication_seconds();
         for r in &mut self.ranks {
             r.step_time = (0.0, 0);
         }

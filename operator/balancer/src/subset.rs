@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 
 use crate::config::MAX_READMIT_FACTOR;
 use crate::decision::ranks_named;
+use crate::exchange;
 use crate::rank::RankState;
 use crate::split::{optimal_split_bounded, round_to_sum};
 use crate::{BalancerConfig, BalancerError, StepModel};
@@ -53,8 +54,15 @@ fn smallest_step(model: &StepModel, lower: u32) -> f64 {
 /// comes back as soon as including it pays); one that leaves out a further
 /// rank must beat the best of those by `margin_percent` as well.
 ///
+/// With an `exchange` model every membership's step also counts its
+/// gradient exchange (leaving a rank out takes it out of the exchange),
+/// every rank may shorten it by leaving (each one takes its share of the
+/// exchange along), and ranks are ordered by their compute floor plus what
+/// they add to the exchange.
+///
 /// `lower`/`upper` are the bounds with every rank in. Errors only when the
 /// all-ranks split itself is infeasible; an infeasible subset is skipped.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn choose(
     models: &[StepModel],
     global: u32,
@@ -63,7 +71,9 @@ pub(crate) fn choose(
     eligible: &[usize],
     current_out: &[usize],
     margin_percent: u32,
+    exchange: Option<&exchange::Model>,
 ) -> Result<Choice, BalancerError> {
+    let ex = |batches: &[u32]| exchange.map_or(0.0, |m| m.seconds(batches));
     let zeroed = |set: &[usize]| {
         let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
         for &r in set {
@@ -83,17 +93,19 @@ pub(crate) fn choose(
         }
         Err(e) => return Err(e),
     };
+    let all_step = all.step_seconds + ex(&all.batches);
     let mut slow: Vec<(usize, f64)> = eligible
         .iter()
         .filter(|&&r| r != 0 && r < models.len() && !no_room.contains(&r))
         .map(|&r| (r, smallest_step(&models[r], lower[r])))
-        .filter(|&(_, t)| t > all.water_level_seconds)
+        .filter(|&(_, t)| t > all.water_level_seconds || exchange.is_some())
+        .map(|(r, t)| (r, t + exchange.map_or(0.0, |m| m.marginal(&all.batches, r))))
         .collect();
     // Slowest first; among equals the higher rank leaves first.
     slow.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
     let everyone = Choice {
-        all_ranks_step_seconds: all.step_seconds,
-        step_seconds: all.step_seconds,
+        all_ranks_step_seconds: all_step,
+        step_seconds: all_step,
         batches: all.batches,
         left_out: Vec::new(),
         no_room: no_room.clone(),
@@ -109,10 +121,11 @@ pub(crate) fn choose(
         let s = optimal_split_bounded(models, global, &lo, &hi).ok()?;
         let mut left_out = set.to_vec();
         left_out.sort_unstable();
+        let step_seconds = s.step_seconds + ex(&s.batches);
         Some((
             Choice {
                 batches: s.batches,
-                step_seconds: s.step_seconds,
+                step_seconds,
                 all_ranks_step_seconds: everyone.all_ranks_step_seconds,
                 left_out,
                 no_room: no_room.clone(),
@@ -181,6 +194,7 @@ impl Choice {
         models: &[StepModel],
         lower: &[u32],
         margin_percent: u32,
+        exchange: Option<&exchange::Model>,
     ) -> String {
         let mut s = String::new();
         if !self.no_room.is_empty() {
@@ -195,14 +209,21 @@ impl Choice {
                 continue;
             };
             let others = secs(self.step_seconds);
-            if m.fixed_seconds >= self.step_seconds {
+            let b = lo.max(1);
+            let link = exchange.and_then(|x| x.bandwidth(r));
+            if let (Some(bw), true) = (link, m.predict(b) <= self.step_seconds) {
+                let _ = write!(
+                    s,
+                    "rank {r} left out: its link ({:.3} GB/s) slows the gradient exchange; ",
+                    bw / 1e9
+                );
+            } else if m.fixed_seconds >= self.step_seconds {
                 let _ = write!(
                     s,
                     "rank {r} left out: its fixed cost {}/step exceeds the {others} step the others reach without it; ",
                     secs(m.fixed_seconds)
                 );
             } else {
-                let b = lo.max(1);
                 let _ = write!(
                     s,
                     "rank {r} left out: even at batch {b} its step takes {}, longer than the {others} step the others reach without it; ",

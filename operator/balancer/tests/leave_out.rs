@@ -384,3 +384,79 @@ fn plans_always_sum_to_the_global_batch_over_many_rounds() {
     }
     assert!(left_out_seen);
 }
+
+/// Four equally fast devices, rank 2 behind a link 100× slower than the
+/// others', 10 MB of gradient: from the start-up figures alone the first
+/// plan leaves rank 2 out and says it is its link; the communication the
+/// decision reports is the exchange among the three that train.
+#[test]
+fn start_up_link_figures_leave_out_a_rank_on_a_slow_link() {
+    let truth = vec![m(0.01, 0.001); 4];
+    let mut bal = profiled(config(Policy::Proportional, 120), &truth);
+    bal.set_gradient_bytes(10_000_000);
+    for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, bw).expect("link");
+    }
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![40, 40, 0, 40], "{}", d.reason);
+    assert!(
+        d.reason
+            .contains("rank 2 left out: its link (0.010 GB/s) slows the gradient exchange"),
+        "{}",
+        d.reason
+    );
+    let among_three = 1e-4 + 4.0 / 3.0 * 1e7 / 1e9;
+    assert!(
+        (d.communication_seconds - among_three).abs() < 1e-9,
+        "{d:?}"
+    );
+    assert_eq!(
+        bal.predicted_exchange_seconds(&[40, 40, 0, 40]),
+        Some(among_three)
+    );
+    // Bad figures are refused and change nothing.
+    assert!(bal.observe_link(1, f64::NAN, 1e9).is_err());
+    assert!(bal.observe_link(1, 1e-4, 0.0).is_err());
+    assert_eq!(
+        bal.predicted_exchange_seconds(&[40, 40, 0, 40]),
+        Some(among_three)
+    );
+}
+
+/// Without every rank's figures (or the gradient size) the exchange is
+/// not modelled: the same devices keep all four ranks.
+#[test]
+fn no_exchange_model_without_every_ranks_figures() {
+    let truth = vec![m(0.01, 0.001); 4];
+    let mut bal = profiled(config(Policy::Proportional, 120), &truth);
+    bal.set_gradient_bytes(10_000_000);
+    for (r, bw) in [1e9, 1e9, 1e7].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, bw).expect("link");
+    }
+    assert_eq!(bal.predicted_exchange_seconds(&[30; 4]), None);
+    let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![30; 4], "{}", d.reason);
+    assert_eq!(d.communication_seconds, 0.0);
+}
+
+/// Live measurements calibrate the model: when the steps expose only a
+/// sliver of the predicted exchange (it hides behind backward), including
+/// the rank costs little and it stays in.
+#[test]
+fn exposed_communication_measured_live_scales_the_exchange_down() {
+    let truth = vec![m(0.01, 0.001); 4];
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    bal.set_gradient_bytes(10_000_000);
+    for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, bw).expect("link");
+    }
+    let full = bal.predicted_exchange_seconds(&[30; 4]).expect("model");
+    feed(&mut bal, &[30; 4], &truth, 20);
+    for r in 0..4 {
+        bal.observe_communication(r, 0.001).expect("communication");
+    }
+    let exposed = bal.predicted_exchange_seconds(&[30; 4]).expect("model");
+    assert!((exposed - 0.001).abs() < 1e-12, "{exposed} of {full}");
+    let d = bal.decide(&[30; 4]).expect("decide");
+    assert!(d.left_out.is_empty(), "{}", d.reason);
+}

@@ -38,6 +38,19 @@ pub struct RankProfile {
     pub per_sample_seconds: Option<f64>,
 }
 
+/// A rank's start-up communication figures as exported: what the
+/// balancer's exchange model needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankLink {
+    /// Seconds of a 1 KiB all-reduce among all ranks.
+    pub latency_seconds: f64,
+    /// Bytes/s of its slowest rank-to-rank link, else the group's
+    /// all-reduce bus bandwidth.
+    pub bandwidth_bytes_per_second: f64,
+    /// Bytes of gradient each step exchanges, when exported.
+    pub gradient_bytes: Option<u64>,
+}
+
 /// What the operator reads from one rank.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RankMetrics {
@@ -58,6 +71,8 @@ pub struct RankMetrics {
     /// Seconds so far by phase (`heterotrain_phase_seconds_total`), when
     /// every phase is exported.
     pub phase_seconds_total: Option<PhaseTimes>,
+    /// Start-up communication figures (absent alone or before measured).
+    pub link: Option<RankLink>,
 }
 
 fn count(v: f64) -> Option<u64> {
@@ -82,6 +97,25 @@ fn phase_totals(series: &[Series]) -> Option<PhaseTimes> {
         compute: phase("forward")? + phase("backward")?,
         communication: phase("allreduce")?,
         update: phase("optimizer")?,
+    })
+}
+
+/// The rank's [`RankLink`]: needs a measured latency and a bandwidth
+/// (gauges at 0 are not measured yet).
+fn link(series: &[Series]) -> Option<RankLink> {
+    let positive = |name: &str| {
+        series
+            .iter()
+            .filter(|s| s.name == name && s.value.is_finite() && s.value > 0.0)
+            .map(|s| s.value)
+            .reduce(f64::min)
+    };
+    let bandwidth =
+        positive(m::PROFILE_LINK_BANDWIDTH).or_else(|| positive(m::PROFILE_ALLREDUCE_BANDWIDTH))?;
+    Some(RankLink {
+        latency_seconds: positive(m::PROFILE_ALLREDUCE_LATENCY_SECONDS)?,
+        bandwidth_bytes_per_second: bandwidth,
+        gradient_bytes: positive(m::GRADIENT_BYTES).and_then(count),
     })
 }
 
@@ -140,6 +174,7 @@ impl RankMetrics {
             finished: get(m::FINISHED).is_some_and(|v| v >= 1.0),
             profile,
             phase_seconds_total: phase_totals(series),
+            link: link(series),
         }
     }
 }

@@ -35,6 +35,38 @@ fn parses_trainer_exposition() {
 }
 
 #[test]
+fn link_figures_take_the_slowest_peer_else_the_bus_bandwidth() {
+    let text = "heterotrain_profile_allreduce_latency_seconds 0.0002\n\
+        heterotrain_profile_allreduce_bus_bandwidth_bytes_per_second 3e9\n\
+        heterotrain_profile_link_bandwidth_bytes_per_second{peer=\"0\"} 2e9\n\
+        heterotrain_profile_link_bandwidth_bytes_per_second{peer=\"2\"} 5e8\n\
+        heterotrain_gradient_bytes 1600000\n";
+    let l = RankMetrics::from_series(&parse_exposition(text).unwrap())
+        .link
+        .expect("link");
+    assert_eq!(l.latency_seconds, 0.0002);
+    assert_eq!(l.bandwidth_bytes_per_second, 5e8);
+    assert_eq!(l.gradient_bytes, Some(1_600_000));
+    // No rank-to-rank gauges: the bus bandwidth.
+    let bus_only = text
+        .lines()
+        .filter(|l| !l.contains("link_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let l = RankMetrics::from_series(&parse_exposition(&bus_only).unwrap())
+        .link
+        .expect("link");
+    assert_eq!(l.bandwidth_bytes_per_second, 3e9);
+    // Not measured (a single rank exports 0): none.
+    let alone = "heterotrain_profile_allreduce_latency_seconds 0\n\
+        heterotrain_profile_allreduce_bus_bandwidth_bytes_per_second 0\n";
+    assert_eq!(
+        RankMetrics::from_series(&parse_exposition(alone).unwrap()).link,
+        None
+    );
+}
+
+#[test]
 fn garbage_gives_empty_metrics() {
     let s = parse_exposition("this is not metrics\n{{{").unwrap_or_default();
     assert_eq!(RankMetrics::from_series(&s), RankMetrics::default());

@@ -67,6 +67,24 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    pub(super) fn ht_pg_send_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        peer: c_int,
+        tag: c_int,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    pub(super) fn ht_pg_recv_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        peer: c_int,
+        tag: c_int,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     pub(super) fn ht_pg_allgather(
         h: *mut c_void,
         t: *mut c_void,

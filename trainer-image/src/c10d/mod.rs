@@ -327,6 +327,26 @@ impl ProcessGroup {
         })
     }
 
+    /// Start sending `t` (a CPU or NCCL-able tensor, untouched until the
+    /// work is waited) to rank `peer`; the receiver posts a receive with
+    /// the same `tag`.
+    pub fn send_async(&self, t: &mut Tensor, peer: usize, tag: i32) -> Result<PendingWork<'_>> {
+        let h = self.handle;
+        // SAFETY: `start` hands a live at::Tensor* and a slot for the work.
+        self.start("send", t, |p, work, err| unsafe {
+            ht_pg_send_async(h, p, peer as c_int, tag as c_int, work, err, ERR_LEN)
+        })
+    }
+
+    /// Start receiving into `t` from rank `peer` (see [`Self::send_async`]).
+    pub fn recv_async(&self, t: &mut Tensor, peer: usize, tag: i32) -> Result<PendingWork<'_>> {
+        let h = self.handle;
+        // SAFETY: `start` hands a live at::Tensor* and a slot for the work.
+        self.start("recv", t, |p, work, err| unsafe {
+            ht_pg_recv_async(h, p, peer as c_int, tag as c_int, work, err, ERR_LEN)
+        })
+    }
+
     /// Gather `t` from every rank; returns one tensor per rank.
     pub fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let mut input = t.to_device(Device::Cpu).contiguous();

@@ -55,6 +55,8 @@ pub struct TrainerMetrics {
     profile_max_batch: Gauge,
     profile_allreduce_latency: FloatGauge,
     profile_allreduce_bandwidth: FloatGauge,
+    profile_link: Family<registry::PeerLabels, FloatGauge>,
+    gradient_bytes: Gauge,
     profile_data_read: FloatGauge,
     device_info: Family<DeviceLabels, Gauge>,
     process_cpu: FloatCounter,
@@ -219,6 +221,18 @@ impl TrainerMetrics {
         self.profile_allreduce_latency.set(c.latency_seconds);
         self.profile_allreduce_bandwidth
             .set(c.bus_bandwidth_bytes_per_second);
+        for &(peer, bytes_per_second) in &c.links {
+            self.profile_link
+                .get_or_create(&registry::PeerLabels {
+                    peer: peer.to_string(),
+                })
+                .set(bytes_per_second);
+        }
+    }
+
+    /// Export the bytes of gradient each step exchanges.
+    pub fn set_gradient_bytes(&self, bytes: u64) {
+        self.gradient_bytes.set(bytes.min(i64::MAX as u64) as i64);
     }
 
     /// Export the dataset's load throughput, bytes/s (start-up).

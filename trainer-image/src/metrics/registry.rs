@@ -36,6 +36,11 @@ pub(super) struct BatchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PeerLabels {
+    pub(super) peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DeviceLabels {
     pub(super) kind: String,
     pub(super) name: String,
@@ -198,6 +203,17 @@ impl TrainerMetrics {
             m::PROFILE_ALLREDUCE_BANDWIDTH,
             "Bus bandwidth of a 4 MiB all-reduce among all ranks at start-up, bytes/s (0: not measured)",
         );
+        let profile_link = Family::<PeerLabels, FloatGauge>::default();
+        r.register(
+            m::PROFILE_LINK_BANDWIDTH,
+            "Bytes/s of receiving 4 MiB from rank `peer` at start-up, every rank exchanging with its peer at the same ring shift",
+            profile_link.clone(),
+        );
+        let gradient_bytes = gi(
+            &mut r,
+            m::GRADIENT_BYTES,
+            "Bytes of gradient each step exchanges (the trainable parameters)",
+        );
         let profile_data_read = g(
             &mut r,
             m::PROFILE_DATA_READ_BANDWIDTH,
@@ -278,6 +294,8 @@ impl TrainerMetrics {
             profile_max_batch,
             profile_allreduce_latency,
             profile_allreduce_bandwidth,
+            profile_link,
+            gradient_bytes,
             profile_data_read,
             device_info,
             process_cpu,

@@ -258,15 +258,21 @@ pub(super) fn profile_collectives(pg: &crate::c10d::ProcessGroup, parts: &mut Pa
     if let Some(p) = parts.hw_profile.as_mut() {
         p.allreduce_latency_seconds = Some(c.latency_seconds);
         p.allreduce_bus_bandwidth_bytes_per_second = Some(c.bus_bandwidth_bytes_per_second);
+        p.slowest_link_bytes_per_second = c.slowest_link();
     }
-    if pg.rank() == 0 {
-        eprintln!(
-            "rank 0: all-reduce among {} ranks: {:.0} µs for 1 KiB, {:.2e} B/s bus bandwidth at 4 MiB",
-            pg.world_size(),
-            c.latency_seconds * 1e6,
-            c.bus_bandwidth_bytes_per_second
-        );
-    }
+    let links: Vec<String> = c
+        .links
+        .iter()
+        .map(|(peer, b)| format!("{peer}: {b:.2e}"))
+        .collect();
+    eprintln!(
+        "rank {}: all-reduce among {} ranks: {:.0} µs for 1 KiB, {:.2e} B/s bus bandwidth at 4 MiB; from peers (B/s) {}",
+        pg.rank(),
+        pg.world_size(),
+        c.latency_seconds * 1e6,
+        c.bus_bandwidth_bytes_per_second,
+        links.join(", ")
+    );
     Ok(())
 }
 
@@ -344,6 +350,14 @@ impl Parts {
         let (all_vars, trainable) = named_vars(&vs);
         let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
         let flat = FlatParams::new(&params)?;
+        let gradient_bytes: u64 = params
+            .iter()
+            .map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+            .sum();
+        mx.set_gradient_bytes(gradient_bytes);
+        if let Some(p) = hw_profile.as_mut() {
+            p.gradient_bytes = Some(gradient_bytes);
+        }
         let fingerprint = Fingerprint {
             model_file: model.scripted().map(|s| s.digest.clone()),
             ..Fingerprint::of(cfg, data.train_len())

@@ -220,3 +220,20 @@ pub fn set_flag(a: &mut [String], flag: &str, value: &str) {
     let i = a.iter().position(|x| x == flag).expect("flag present");
     a[i + 1] = value.to_string();
 }
+
+/// A generated CIFAR-10 binary batch of `n` images (and a test batch of
+/// 20) in `dir`: label `i % 10`, pixels near `label × 20`.
+pub fn write_cifar(dir: &std::path::Path, n: usize) {
+    let mut bytes = Vec::new();
+    let mut state = 12345u32;
+    for i in 0..n {
+        let label = (i % 10) as u8;
+        bytes.push(label);
+        for _ in 0..3072 {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            bytes.push(label * 20 + (state >> 28) as u8);
+        }
+    }
+    std::fs::write(dir.join("data_batch_1.bin"), &bytes).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), &bytes[..3073 * 20]).unwrap();
+}
