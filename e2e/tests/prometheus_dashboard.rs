@@ -214,7 +214,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
     promtool_check_metrics(&text);
 
     delete_and_wait(&jobs, &pods, JOB).await;
-    straggler_alert_fires(&client, prom, &jobs).await;
+    straggler_alert_fires(&client, prom, sim, &jobs).await;
     run_helm(&[
         "uninstall",
         "ht",
@@ -240,14 +240,17 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
 }
 
 /// The chart's alert rules, evaluated by the live Prometheus (their `for:`
-/// shortened to 5 s, or the test would wait ten minutes), against a
-/// `static` job on unlike nodes: equal batches make the slow rank a
-/// straggler. The straggler alert fires for it and not for the fast rank;
-/// the fast rank's own gauge says it is bound by communication (it waits);
-/// the dashboard's straggler count says 1.
+/// shortened to 5 s, or the test would wait ten minutes), in the throttle
+/// scenario: a `static` job starts on two nodes of equal speed, and once
+/// it trains the `slow` node is throttled to 0.35. Equal batches then make
+/// rank 1 a straggler: the straggler alert fires for it and not for the
+/// fast rank, and it went pending only after the throttle; the fast rank's
+/// own gauge says it is bound by communication (it waits); the dashboard's
+/// straggler count says 1.
 async fn straggler_alert_fires(
     client: &kube::Client,
     prom: &Prometheus,
+    sim: &heterotrain_e2e::nodesim::NodeSimulator,
     jobs: &Api<kube::api::DynamicObject>,
 ) {
     let rules =
@@ -261,6 +264,9 @@ async fn straggler_alert_fires(
         .collect::<Vec<_>>()
         .join("\n");
     prom.load_rules(&shortened).expect("load the alert rules");
+    let slow_speed = sim.speed("slow").expect("the slow node's speed");
+    sim.set_speed("slow", 1.0)
+        .expect("unthrottle the slow node");
     let name = "straggle";
     let job = pair_job(name, json!({"policy": "static"}), false);
     jobs.create(
@@ -270,6 +276,26 @@ async fn straggler_alert_fires(
     .await
     .expect("create the static job");
     let sel = format!("namespace=\"{NS}\",job_name=\"{name}\"");
+    // Train at equal speeds until the rules have evaluated both ranks for
+    // twice the alert's `for:` (a straggler would be pending by then), and
+    // only then throttle.
+    let evaluated = format!("count(heterotrain:rank_step_compute_seconds:training{{{sel}}}) == 2");
+    wait_for(
+        "the rules to see both ranks",
+        Duration::from_secs(180),
+        || {
+            let r = query(prom, &evaluated).unwrap_or_default();
+            async move { (!r.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let throttled_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    sim.set_speed("slow", slow_speed)
+        .expect("throttle the slow node");
     let firing =
         format!("ALERTS{{alertname=\"HeteroTrainRankStraggler\",alertstate=\"firing\",{sel}}}");
     let found = wait_for(
@@ -286,6 +312,22 @@ async fn straggler_alert_fires(
         .filter_map(|s| s["metric"]["rank"].as_str())
         .collect();
     assert_eq!(ranks, ["1"], "only the slow rank straggles: {found:?}");
+    // ALERTS_FOR_STATE's value is when the alert went pending: after the
+    // throttle, not while both nodes ran at one speed.
+    let since = query(
+        prom,
+        &format!("ALERTS_FOR_STATE{{alertname=\"HeteroTrainRankStraggler\",{sel},rank=\"1\"}}"),
+    )
+    .unwrap_or_default();
+    let active_at: f64 = since
+        .first()
+        .and_then(|s| s["value"][1].as_str())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ALERTS_FOR_STATE: {since:?}"));
+    assert!(
+        active_at >= throttled_at,
+        "the straggler alert was pending at {active_at}, before the throttle at {throttled_at}"
+    );
     let waiting = format!("heterotrain_bottleneck{{{sel},rank=\"0\",kind=\"communication\"}} == 1");
     wait_for(
         "the fast rank to be bound by communication",
