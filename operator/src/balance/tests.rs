@@ -182,3 +182,38 @@ fn step_times_count_only_within_the_generation_the_last_decision_left_running() 
     let d = jb.decide(&plan(4)).expect("decide");
     assert_eq!(d.measured_step_seconds, 0.0, "{d:?}");
 }
+
+/// The ranks' start-up link figures reach the balancer: before any live
+/// communication the predicted exchange is what the job reports, and a
+/// rank without figures (or figures that are not numbers) keeps the model
+/// off.
+#[test]
+fn start_up_link_figures_give_the_communication_before_live_measurements() {
+    let job = crate::testing::fixture("mixed.yaml");
+    let v = crate::testing::valid(&job);
+    let world = v.ranks();
+    assert!(world >= 2);
+    let mut jb = JobBalancer::new(&v, 8).expect("balancer");
+    let with_link = |bandwidth: f64| RankMetrics {
+        link: Some(crate::scrape::RankLink {
+            latency_seconds: 1e-4,
+            bandwidth_bytes_per_second: bandwidth,
+            gradient_bytes: Some(10_000_000),
+        }),
+        ..RankMetrics::default()
+    };
+    for r in 0..world - 1 {
+        jb.observe(r, &with_link(1e9));
+    }
+    jb.observe(world - 1, &with_link(f64::NAN));
+    assert_eq!(jb.communication_seconds(), 0.0, "a rank without figures");
+    jb.observe(world - 1, &with_link(1e8));
+    // Ring all-reduce of 10 MB among `world` ranks over the slowest link.
+    let k = world as f64;
+    let expected = 1e-4 + 2.0 * (k - 1.0) / k * 1e7 / 1e8;
+    assert!(
+        (jb.communication_seconds() - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        jb.communication_seconds()
+    );
+}
