@@ -909,6 +909,15 @@ pub struct RebalanceStatus {
     /// Local batches of the plan.
     #[serde(default)]
     pub batch_sizes: Vec<u32>,
+    /// Step the balancer predicts for the plan (compute: the slowest
+    /// rank's), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_step_seconds: Option<f64>,
+    /// Communication per step it predicts on top (exposed, measured live;
+    /// before that, the gradient exchange the ranks' start-up latency and
+    /// link figures give), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_communication_seconds: Option<f64>,
 }
 
 impl HeteroTrainingJobSpec {

@@ -619,6 +619,22 @@ async fn end_to_end() {
         if st.plan_generation == 0 || st.last_rebalance.is_none() {
             return Err(format!("no rebalance recorded in status: {st:?}"));
         }
+        // The plan built from the profiles, before any live communication
+        // was measured, predicts the gradient exchange from the ranks'
+        // start-up latency and link figures.
+        let from_profiles = st
+            .plan_history
+            .iter()
+            .find(|r| r.reason.starts_with("profiles of all ranks"))
+            .ok_or_else(|| format!("no plan from the profiles in {:?}", st.plan_history))?;
+        if !from_profiles
+            .predicted_communication_seconds
+            .is_some_and(|c| c > 0.0 && c < 1.0)
+        {
+            return Err(format!(
+                "the profile plan predicts no exchange: {from_profiles:?}"
+            ));
+        }
         Ok(())
     })
     .await;

@@ -288,7 +288,7 @@ impl JobBalancer {
                         reason: reason.clone(),
                         gain_percent: d.gain_percent,
                         predicted_step_seconds: d.predicted_step_seconds,
-                        communication_seconds: self.inner.communication_seconds(),
+                        communication_seconds: d.communication_seconds,
                         policy: Policy::Proportional.as_str(),
                     }),
                     reason,

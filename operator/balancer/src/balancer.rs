@@ -218,8 +218,10 @@ impl Balancer {
     /// all-reduce and the bytes/s of its slowest link (rank to rank, else
     /// the group's all-reduce bus bandwidth). With every rank's figures and
     /// [`Balancer::set_gradient_bytes`], the balancer predicts each
-    /// membership's gradient exchange (see `exchange.rs`) and adds it to
-    /// the step when it chooses which ranks train.
+    /// membership's gradient exchange (see `exchange.rs`): the
+    /// communication it reports before live measurements, and, once the
+    /// live exposed communication calibrated it, a term of the step when
+    /// it chooses which ranks train.
     pub fn observe_link(
         &mut self,
         rank: usize,

@@ -133,7 +133,13 @@ impl Balancer {
         let current_out: Vec<usize> =
             cur.map_or_else(Vec::new, |c| (1..n).filter(|&r| c[r] == 0).collect());
         let margin = cfg.leave_out_margin_percent;
-        let exchange = self.exchange();
+        // Membership follows the exchange only once live measurements
+        // calibrated how much of it the steps expose.
+        let exchange = self.exchange().filter(|m| m.is_calibrated());
+        // A plan's step with its exchange (compute alone without a model).
+        let with_exchange = |compute: f64, batches: &[u32]| {
+            compute + exchange.as_ref().map_or(0.0, |m| m.seconds(batches))
+        };
         let choice = subset::choose(
             split_models,
             cfg.global_batch_size,
@@ -180,13 +186,19 @@ impl Balancer {
             };
             subset::start_trials(&mut self.ranks, &readmit);
             push_note(&mut out.reason, &leave_out_note);
-            out.gain_percent = gain_percent(current_pred, predicted);
+            out.gain_percent = gain_percent(
+                with_exchange(current_pred, cur),
+                with_exchange(predicted, &plan),
+            );
             out.plan = Some(plan);
             return Ok(self.finish(out, Some(cur)));
         }
         // Compute comes first: a trial only once the split has settled
         // (the best split's predicted gain is below the hysteresis).
-        let settled_split = gain_percent(current_pred, predicted) < f64::from(cfg.min_gain_percent);
+        let settled_split = gain_percent(
+            with_exchange(current_pred, cur),
+            with_exchange(predicted, &plan),
+        ) < f64::from(cfg.min_gain_percent);
         let quiet = settled_split
             && !review.settled
             && self.measured.trial.is_none()
@@ -227,7 +239,11 @@ impl Balancer {
             out.reason = format!("{}: the current plan is already optimal", cfg.policy);
             return Ok(self.finish(out, Some(cur)));
         }
-        let gain = gain_percent(current_pred, predicted);
+        let (step_now, step_new) = (
+            with_exchange(current_pred, cur),
+            with_exchange(predicted, &plan),
+        );
+        let gain = gain_percent(step_now, step_new);
         out.gain_percent = gain;
         let mut reason = String::new();
         match cfg.policy {
@@ -252,7 +268,7 @@ impl Balancer {
                 }
                 let _ = write!(
                     reason,
-                    "{}: predicted step {predicted:.4}s vs {current_pred:.4}s now (gain {gain:.1}% ≥ minGainPercent {}% + {margin:.1}% noise margin)",
+                    "{}: predicted step {step_new:.4}s vs {step_now:.4}s now (gain {gain:.1}% ≥ minGainPercent {}% + {margin:.1}% noise margin)",
                     cfg.policy, cfg.min_gain_percent
                 );
                 let alpha = pm
@@ -285,7 +301,10 @@ impl Balancer {
             }
         }
         out.predicted_step_seconds = predicted;
-        out.gain_percent = gain_percent(current_pred, predicted);
+        out.gain_percent = gain_percent(
+            with_exchange(current_pred, cur),
+            with_exchange(predicted, &plan),
+        );
         out.reason = reason;
         out.reason.push_str(&unknown_note);
         push_note(&mut out.reason, &leave_out_note);

@@ -11,9 +11,10 @@
 //! and nothing for a single rank. Leaving a rank out of the step also
 //! takes it out of the exchange (the trainers use a sub-group), so a rank
 //! on a slow link can cost more than its samples save even when its device
-//! is fast. The live measurements (exposed communication, measured steps)
-//! take over once they exist; this model is what the balancer knows before
-//! them and what tells it which membership exchanges faster.
+//! is fast. The trainer overlaps much of the exchange with backward, so
+//! the model is scaled by the fraction the steps were measured to expose;
+//! before that measurement it is only an upper bound: it is reported (the
+//! communication a plan predicts) but does not decide membership.
 
 /// One rank's start-up communication figures.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,6 +53,7 @@ pub(crate) fn model(gradient_bytes: Option<f64>, links: Vec<Option<Link>>) -> Op
         g,
         links,
         exposed: 1.0,
+        measured: false,
     })
 }
 
@@ -63,6 +65,8 @@ pub(crate) struct Model {
     /// The fraction of the exchange a step exposes (not hidden behind
     /// backward), in [0, 1]; 1 until live measurements say otherwise.
     exposed: f64,
+    /// `exposed` comes from a live measurement.
+    measured: bool,
 }
 
 impl Model {
@@ -73,8 +77,16 @@ impl Model {
         let predicted = self.seconds(batches);
         if let Some(live) = live_seconds.filter(|&l| l.is_finite() && l > 0.0 && predicted > 0.0) {
             self.exposed = (live / predicted).clamp(0.0, 1.0);
+            self.measured = true;
         }
         self
+    }
+
+    /// Whether live measurements calibrated the exposed fraction. Until
+    /// then the model is an upper bound (no overlap with backward), good
+    /// for reporting but not for leaving ranks out.
+    pub fn is_calibrated(&self) -> bool {
+        self.measured
     }
 
     /// Seconds of the exchange among the ranks that train under `batches`

@@ -386,29 +386,36 @@ fn plans_always_sum_to_the_global_batch_over_many_rounds() {
 }
 
 /// Four equally fast devices, rank 2 behind a link 100× slower than the
-/// others', 10 MB of gradient: from the start-up figures alone the first
-/// plan leaves rank 2 out and says it is its link; the communication the
-/// decision reports is the exchange among the three that train.
+/// others', 10 MB of gradient. From the start-up figures alone the plan
+/// keeps every rank (they bound the exchange, they do not measure what the
+/// steps expose) and reports the predicted exchange among the four; once
+/// the steps are measured to expose it, rank 2 is left out for its link.
 #[test]
-fn start_up_link_figures_leave_out_a_rank_on_a_slow_link() {
+fn start_up_link_figures_leave_out_a_rank_on_a_slow_link_once_measured() {
     let truth = vec![m(0.01, 0.001); 4];
-    let mut bal = profiled(config(Policy::Proportional, 120), &truth);
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
     bal.set_gradient_bytes(10_000_000);
     for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
         bal.observe_link(r, 1e-4, bw).expect("link");
     }
+    let among_four = 1e-4 + 1.5 * 1e7 / 1e7;
+    let among_three = 1e-4 + 4.0 / 3.0 * 1e7 / 1e9;
     let d = bal.decide(&[]).expect("decide");
+    assert_eq!(plan_of(&d), vec![30; 4], "{}", d.reason);
+    assert!((d.communication_seconds - among_four).abs() < 1e-9, "{d:?}");
+    // The steps expose all of it.
+    feed(&mut bal, &[30; 4], &truth, 20);
+    for r in 0..4 {
+        bal.observe_communication(r, among_four)
+            .expect("communication");
+    }
+    let d = bal.decide(&[30; 4]).expect("decide");
     assert_eq!(plan_of(&d), vec![40, 40, 0, 40], "{}", d.reason);
     assert!(
         d.reason
             .contains("rank 2 left out: its link (0.010 GB/s) slows the gradient exchange"),
         "{}",
         d.reason
-    );
-    let among_three = 1e-4 + 4.0 / 3.0 * 1e7 / 1e9;
-    assert!(
-        (d.communication_seconds - among_three).abs() < 1e-9,
-        "{d:?}"
     );
     assert_eq!(
         bal.predicted_exchange_seconds(&[40, 40, 0, 40]),

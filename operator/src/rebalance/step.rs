@@ -232,6 +232,10 @@ pub(super) async fn step(
         reason: plan.reason.clone(),
         predicted_gain_percent: crate::status::round3(gain),
         batch_sizes: plan.batch_sizes.clone(),
+        predicted_step_seconds: plan.predicted_step_seconds.map(crate::status::round3),
+        predicted_communication_seconds: plan
+            .predicted_communication_seconds
+            .map(crate::status::round3),
     });
     x.plan = Some(plan);
     x
