@@ -385,6 +385,18 @@ fn plans_always_sum_to_the_global_batch_over_many_rounds() {
     assert!(left_out_seen);
 }
 
+/// A dynamic balancer over four equally fast devices (their profiles),
+/// rank 2 behind a link 100× slower than the others', 10 MB of gradient.
+fn slow_link_on_rank_two() -> (Vec<StepModel>, Balancer) {
+    let truth = vec![m(0.01, 0.001); 4];
+    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
+    bal.set_gradient_bytes(10_000_000);
+    for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, bw).expect("link");
+    }
+    (truth, bal)
+}
+
 /// Four equally fast devices, rank 2 behind a link 100× slower than the
 /// others', 10 MB of gradient. From the start-up figures alone the plan
 /// keeps every rank (they bound the exchange, they do not measure what the
@@ -392,12 +404,7 @@ fn plans_always_sum_to_the_global_batch_over_many_rounds() {
 /// the steps are measured to expose it, rank 2 is left out for its link.
 #[test]
 fn start_up_link_figures_leave_out_a_rank_on_a_slow_link_once_measured() {
-    let truth = vec![m(0.01, 0.001); 4];
-    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
-    bal.set_gradient_bytes(10_000_000);
-    for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
-        bal.observe_link(r, 1e-4, bw).expect("link");
-    }
+    let (truth, mut bal) = slow_link_on_rank_two();
     let among_four = 1e-4 + 1.5 * 1e7 / 1e7;
     let among_three = 1e-4 + 4.0 / 3.0 * 1e7 / 1e9;
     let d = bal.decide(&[]).expect("decide");
@@ -451,12 +458,7 @@ fn no_exchange_model_without_every_ranks_figures() {
 /// the rank costs little and it stays in.
 #[test]
 fn exposed_communication_measured_live_scales_the_exchange_down() {
-    let truth = vec![m(0.01, 0.001); 4];
-    let mut bal = profiled(config(Policy::Dynamic, 120), &truth);
-    bal.set_gradient_bytes(10_000_000);
-    for (r, bw) in [1e9, 1e9, 1e7, 1e9].into_iter().enumerate() {
-        bal.observe_link(r, 1e-4, bw).expect("link");
-    }
+    let (truth, mut bal) = slow_link_on_rank_two();
     let full = bal.predicted_exchange_seconds(&[30; 4]).expect("model");
     feed(&mut bal, &[30; 4], &truth, 20);
     for r in 0..4 {

@@ -133,6 +133,22 @@ fn links(bandwidths: &[f64]) -> Vec<Option<exchange::Link>> {
         .collect()
 }
 
+/// `choose` over four ranks sharing 120 samples, any of 1–3 eligible to
+/// leave, with the exchange model `ex`.
+fn four_equal(models: &[StepModel], ex: &exchange::Model) -> Choice {
+    choose(
+        models,
+        120,
+        &[1; 4],
+        &[120; 4],
+        &[1, 2, 3],
+        &[],
+        10,
+        Some(ex),
+    )
+    .unwrap()
+}
+
 /// Four equally fast devices; rank 2 sits behind a link 100× slower. Its
 /// compute alone would keep it in, its share of the exchange leaves it out.
 #[test]
@@ -142,17 +158,7 @@ fn a_fast_rank_on_a_slow_link_is_left_out_when_the_exchange_says_so() {
     let ex = exchange::model(Some(1e7), links(&[1e9, 1e9, 1e7, 1e9])).unwrap();
     let without = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2, 3], &[], 10, None).unwrap();
     assert!(without.left_out.is_empty(), "compute alone: {without:?}");
-    let c = choose(
-        &models,
-        120,
-        &[1; 4],
-        &[120; 4],
-        &[1, 2, 3],
-        &[],
-        10,
-        Some(&ex),
-    )
-    .unwrap();
+    let c = four_equal(&models, &ex);
     assert_eq!(c.left_out, vec![2]);
     assert_eq!(c.batches, vec![40, 40, 0, 40]);
     // 3 ranks of 40: 0.05 s compute + 4/3 × 1e7 / 1e9 + latency.
@@ -172,17 +178,7 @@ fn a_fast_rank_on_a_slow_link_is_left_out_when_the_exchange_says_so() {
 fn equal_fast_links_keep_every_rank() {
     let models = vec![m(0.01, 0.001); 4];
     let ex = exchange::model(Some(1e5), links(&[1e9; 4])).unwrap();
-    let c = choose(
-        &models,
-        120,
-        &[1; 4],
-        &[120; 4],
-        &[1, 2, 3],
-        &[],
-        10,
-        Some(&ex),
-    )
-    .unwrap();
+    let c = four_equal(&models, &ex);
     assert!(c.left_out.is_empty(), "{c:?}");
     assert!(
         (c.step_seconds - (0.04 + 1.5e-4 + 1e-4)).abs() < 1e-9,
