@@ -56,6 +56,10 @@ pub struct RebalanceEvent {
     pub batches: Option<Vec<u32>>,
     /// Predicted step-time gain, percent.
     pub gain_percent: Option<f64>,
+    /// Predicted step (compute) and communication on top, seconds (from
+    /// `status.planHistory`; Events do not carry them).
+    pub predicted_step_seconds: Option<f64>,
+    pub predicted_communication_seconds: Option<f64>,
     /// Why the balancer chose it.
     pub reason: String,
     /// The Event's note as written.
@@ -74,6 +78,8 @@ impl RebalanceEvent {
             generation: Some(r.generation),
             batches: Some(r.batch_sizes.clone()),
             gain_percent: Some(r.predicted_gain_percent),
+            predicted_step_seconds: r.predicted_step_seconds,
+            predicted_communication_seconds: r.predicted_communication_seconds,
             reason: r.reason.clone(),
             note,
         }
@@ -86,6 +92,8 @@ impl RebalanceEvent {
             generation: None,
             batches: None,
             gain_percent: None,
+            predicted_step_seconds: None,
+            predicted_communication_seconds: None,
             reason: note.to_string(),
             note: note.to_string(),
         };

@@ -346,7 +346,7 @@ async fn status_top_plan_and_profile_show_the_job() {
     let last = row(&status, "GENERATION", "2");
     assert_eq!(
         last[2..],
-        ["[48, 24, 24]", "12.5 %", "dynamic: live speeds"]
+        ["[48, 24, 24]", "12.5 %", "-", "dynamic: live speeds"]
     );
     assert_eq!(row(&status, "CONDITION", "Running")[2], "AllRanksRunning");
 
@@ -380,10 +380,18 @@ async fn status_top_plan_and_profile_show_the_job() {
     let g1 = row(&plan, "GENERATION", "1");
     assert_eq!(
         g1[2..],
-        ["[40, 28, 28]", "31.0 %", "proportional: startup profile"]
+        [
+            "[40, 28, 28]",
+            "31.0 %",
+            "-",
+            "proportional: startup profile"
+        ]
     );
     let g2 = row(&plan, "GENERATION", "2");
-    assert_eq!(g2[2..], ["[48, 24, 24]", "12.5 %", "dynamic: live speeds"]);
+    assert_eq!(
+        g2[2..],
+        ["[48, 24, 24]", "12.5 %", "-", "dynamic: live speeds"]
+    );
 
     // With status.planHistory (what the operator writes) the history is
     // read from it, not from Events: generations 3 and 4 have none.
@@ -399,7 +407,10 @@ async fn status_top_plan_and_profile_show_the_job() {
             decision(1, [40, 28, 28], 31.0, "proportional: startup profile"),
             decision(2, [48, 24, 24], 12.5, "dynamic: live speeds"),
             decision(3, [50, 23, 23], 6.0, "dynamic: rank 0 sped up"),
-            decision(4, [52, 22, 22], 5.5, "dynamic: rank 0 sped up again"),
+            json!({"generation": 4, "time": "2026-01-01T00:00:00Z",
+                   "reason": "dynamic: rank 0 sped up again", "predictedGainPercent": 5.5,
+                   "batchSizes": [52, 22, 22], "predictedStepSeconds": 0.025,
+                   "predictedCommunicationSeconds": 0.004}),
         ]}})),
     )
     .await
@@ -408,7 +419,12 @@ async fn status_top_plan_and_profile_show_the_job() {
     let g4 = row(&plan, "GENERATION", "4");
     assert_eq!(
         g4[2..],
-        ["[52, 22, 22]", "5.5 %", "dynamic: rank 0 sped up again"],
+        [
+            "[52, 22, 22]",
+            "5.5 %",
+            "25.0 + 4.0 ms",
+            "dynamic: rank 0 sped up again"
+        ],
         "{plan}"
     );
     assert_eq!(row(&plan, "GENERATION", "1")[2], "[40, 28, 28]");

@@ -46,9 +46,25 @@ fn list(v: &[u32]) -> String {
     )
 }
 
+/// "25.0 + 4.0 ms" (compute + communication), "25.0 ms", or "-".
+fn predicted_step(step: Option<f64>, communication: Option<f64>) -> String {
+    match (step, communication) {
+        (Some(s), Some(c)) => format!("{:.1} + {:.1} ms", s * 1e3, c * 1e3),
+        (Some(s), None) => format!("{:.1} ms", s * 1e3),
+        _ => "-".into(),
+    }
+}
+
 /// The last `last` rebalance decisions, oldest first.
 fn decisions(v: &JobView, now: Timestamp, last: usize) -> String {
-    let mut t = Table::new(&["GENERATION", "AGE", "BATCHES", "PREDICTED GAIN", "REASON"]);
+    let mut t = Table::new(&[
+        "GENERATION",
+        "AGE",
+        "BATCHES",
+        "PREDICTED GAIN",
+        "PREDICTED STEP",
+        "REASON",
+    ]);
     let skip = v.rebalances.len().saturating_sub(last);
     for e in v.rebalances.iter().skip(skip) {
         t.row(vec![
@@ -57,6 +73,7 @@ fn decisions(v: &JobView, now: Timestamp, last: usize) -> String {
             e.batches.as_deref().map_or_else(|| "-".into(), list),
             e.gain_percent
                 .map_or_else(|| "-".into(), |g| format!("{g:.1} %")),
+            predicted_step(e.predicted_step_seconds, e.predicted_communication_seconds),
             e.reason.clone(),
         ]);
     }
