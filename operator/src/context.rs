@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_crds::{HeteroTrainingJob, HeteroTrainingJobStatus};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
@@ -43,6 +43,8 @@ pub struct Context {
     /// is one Event however many reconciles meet it before the status
     /// that records it is read back (and when last met).
     refusals: Mutex<HashMap<JobKey, (String, Instant)>>,
+    /// The status last written per job (see [`Context::status_ahead_of`]).
+    written: WrittenStatus,
     /// The leader Lease's renewals (for `/healthz`).
     pub lease: LeaseHealth,
     /// The CRD was found (for `/readyz`).
@@ -78,6 +80,7 @@ impl Context {
             gang: Discovery::default(),
             failures: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
+            written: WrittenStatus::default(),
             ready: AtomicBool::new(false),
         }))
     }
@@ -130,6 +133,25 @@ impl Context {
         self.refusals.lock().map(|mut r| r.remove(key)).ok();
     }
 
+    /// This replica patched `status` on job `key` (of `uid`).
+    pub(crate) fn wrote_status(&self, key: &JobKey, uid: &str, status: &HeteroTrainingJobStatus) {
+        self.written.record(key, uid, status);
+    }
+
+    /// The status this replica wrote on job `key` (of `uid`) in the last
+    /// [`STORE_LAG`], when the watched copy `seen` does not show it yet:
+    /// the reflector store lags behind our own write, and a reconcile
+    /// woken by another object's event (a pod we just deleted) would
+    /// otherwise decide from the old status (a failed job would restart).
+    pub(crate) fn status_ahead_of(
+        &self,
+        key: &JobKey,
+        uid: &str,
+        seen: Option<&HeteroTrainingJobStatus>,
+    ) -> Option<HeteroTrainingJobStatus> {
+        self.written.ahead_of(key, uid, seen)
+    }
+
     /// `key` reconciled: its failure count starts over.
     pub(crate) fn succeeded(&self, key: &JobKey) {
         self.failures.lock().map(|mut f| f.remove(key)).ok();
@@ -142,6 +164,41 @@ impl Context {
 /// retry (at most every few minutes), so only deleted jobs' entries age out.
 pub(crate) const PER_JOB_MEMORY: Duration = Duration::from_secs(3600);
 
+/// The status this replica last wrote per job, with the job's uid.
+#[derive(Default)]
+pub(crate) struct WrittenStatus(
+    Mutex<HashMap<JobKey, ((String, HeteroTrainingJobStatus), Instant)>>,
+);
+
+impl WrittenStatus {
+    fn record(&self, key: &JobKey, uid: &str, status: &HeteroTrainingJobStatus) {
+        if let Ok(mut w) = self.0.lock() {
+            forget_stale(&mut w, STORE_LAG);
+            w.insert(
+                key.clone(),
+                ((uid.to_string(), status.clone()), Instant::now()),
+            );
+        }
+    }
+
+    fn ahead_of(
+        &self,
+        key: &JobKey,
+        uid: &str,
+        seen: Option<&HeteroTrainingJobStatus>,
+    ) -> Option<HeteroTrainingJobStatus> {
+        let mut w = self.0.lock().ok()?;
+        forget_stale(&mut w, STORE_LAG);
+        let ((u, s), _) = w.get(key)?;
+        (u == uid && Some(s) != seen).then(|| s.clone())
+    }
+}
+
+/// How long a status this replica wrote is trusted over the watched copy:
+/// the store catches up within milliseconds; past this, the watched copy
+/// wins (another replica may have written since).
+pub(crate) const STORE_LAG: Duration = Duration::from_secs(5);
+
 /// Drop the entries of `map` not met for `ttl`.
 fn forget_stale<V>(map: &mut HashMap<JobKey, (V, Instant)>, ttl: Duration) {
     map.retain(|_, (_, at)| at.elapsed() < ttl);
@@ -150,6 +207,31 @@ fn forget_stale<V>(map: &mut HashMap<JobKey, (V, Instant)>, ttl: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_written_here_wins_over_an_older_watched_copy() {
+        let ctx = WrittenStatus::default();
+        let key = JobKey::new("ns", "a");
+        let failed = HeteroTrainingJobStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        };
+        let pending = HeteroTrainingJobStatus {
+            phase: Some("Pending".into()),
+            ..Default::default()
+        };
+        assert_eq!(ctx.ahead_of(&key, "u1", Some(&pending)), None);
+        ctx.record(&key, "u1", &failed);
+        // The store still shows the old status: ours wins.
+        assert_eq!(
+            ctx.ahead_of(&key, "u1", Some(&pending)),
+            Some(failed.clone())
+        );
+        assert_eq!(ctx.ahead_of(&key, "u1", None), Some(failed.clone()));
+        // Caught up, or another job of the same name: the watched copy.
+        assert_eq!(ctx.ahead_of(&key, "u1", Some(&failed)), None);
+        assert_eq!(ctx.ahead_of(&key, "u2", Some(&pending)), None);
+    }
 
     #[test]
     fn entries_not_met_for_the_ttl_are_forgotten() {

@@ -65,6 +65,19 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
 /// since.
 async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
+    // Decide from the status this replica last wrote when the watched copy
+    // has not caught up with it yet.
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let fresher;
+    let job = match ctx.status_ahead_of(&JobKey::of_job(job), &uid, job.status.as_ref()) {
+        Some(s) => {
+            let mut j = job.clone();
+            j.status = Some(s);
+            fresher = j;
+            &fresher
+        }
+        None => job,
+    };
     let admission = validate::Admission {
         prometheus: validate::PrometheusPolicy {
             default_url: ctx.config.prometheus_url.as_deref(),
@@ -95,12 +108,20 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     let mut extras = ctx
         .rebalancer
         .carry(&key, Extras::with_plan(plan_now.clone()));
-    if d.restarts != v.gang() {
-        status
+    // A restart is counted, and an end (Failed, Succeeded) recorded, before
+    // the pods go: a retry, or a reconcile woken by their deletion, then
+    // never takes the deletion for a disruption.
+    if d.restarts != v.gang() || (d.complete && !d.delete_pods.is_empty()) {
+        if status
             .write(status::next(&v, &d, &obs, &extras, &Time(now)))
-            .await?;
-        ctx.metrics
-            .restarted(&v.namespace, d.restarts.saturating_sub(v.gang()));
+            .await?
+        {
+            remember(ctx, &key, &uid, &status);
+        }
+        if d.restarts != v.gang() {
+            ctx.metrics
+                .restarted(&v.namespace, d.restarts.saturating_sub(v.gang()));
+        }
     }
     let written = match apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await {
         Ok(w) => {
@@ -139,6 +160,9 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     let patched = status
         .write(status::next(&v, &d, &obs, &extras, &Time(now)))
         .await?;
+    if patched {
+        remember(ctx, &key, &uid, &status);
+    }
     let was = v.job.status.as_ref().and_then(|s| s.phase.as_deref());
     if was != Some(d.phase.as_str()) {
         ctx.metrics.entered(&v.namespace, d.phase.as_str());
@@ -157,6 +181,13 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         "reconcile timing"
     );
     Ok(requeue(ctx, &d))
+}
+
+/// Record what `status` just wrote on job `key`.
+fn remember(ctx: &Context, key: &JobKey, uid: &str, status: &status::Writer<'_>) {
+    if let Some(s) = status.current() {
+        ctx.wrote_status(key, uid, s);
+    }
 }
 
 /// `HTTP <code>: <message>` when `e` is the API server refusing a write

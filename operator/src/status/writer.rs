@@ -27,6 +27,11 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// The status last known to be on the server.
+    pub fn current(&self) -> Option<&HeteroTrainingJobStatus> {
+        self.current.as_ref()
+    }
+
     /// Patch `status` unless it is already there; whether it patched.
     pub async fn write(&mut self, status: HeteroTrainingJobStatus) -> Result<bool> {
         if self.current.as_ref() == Some(&status) {
