@@ -164,11 +164,12 @@ impl Context {
 /// retry (at most every few minutes), so only deleted jobs' entries age out.
 pub(crate) const PER_JOB_MEMORY: Duration = Duration::from_secs(3600);
 
+/// A job's uid and the status written on it.
+type Written = (String, HeteroTrainingJobStatus);
+
 /// The status this replica last wrote per job, with the job's uid.
 #[derive(Default)]
-pub(crate) struct WrittenStatus(
-    Mutex<HashMap<JobKey, ((String, HeteroTrainingJobStatus), Instant)>>,
-);
+pub(crate) struct WrittenStatus(Mutex<HashMap<JobKey, (Written, Instant)>>);
 
 impl WrittenStatus {
     fn record(&self, key: &JobKey, uid: &str, status: &HeteroTrainingJobStatus) {
