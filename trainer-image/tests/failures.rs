@@ -137,7 +137,7 @@ fn invalid_plan_mid_run_is_ignored_and_later_valid_plan_applies() {
         r#"{"generation":1,"globalBatchSize":32,"batchSizes":[20,9]}"#.to_string(),
     ] {
         let before = last_step(&out, 0);
-        std::fs::write(&plan, bad).unwrap();
+        write_atomically(&plan, &bad);
         assert!(wait_until(Duration::from_secs(30), || last_step(&out, 0) >= before + 2));
     }
     let before_valid = last_step(&out, 0);

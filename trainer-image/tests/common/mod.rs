@@ -151,9 +151,7 @@ pub fn write_plan(path: &Path, generation: u64, sizes: &[u32]) {
         "reason": "test"
     })
     .to_string();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write plan");
-    std::fs::rename(&tmp, path).expect("rename plan");
+    write_atomically(path, &text);
 }
 
 /// Python with torch/sklearn: $HETEROTRAIN_PYTHON, else the project venv
@@ -236,4 +234,13 @@ pub fn write_cifar(dir: &std::path::Path, n: usize) {
     }
     std::fs::write(dir.join("data_batch_1.bin"), &bytes).unwrap();
     std::fs::write(dir.join("test_batch.bin"), &bytes[..3073 * 20]).unwrap();
+}
+
+/// Replace `path` with `text` in one step (a temporary file renamed over
+/// it), as a ConfigMap volume swaps its files: a reader never sees a torn
+/// or empty file.
+pub fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write plan");
+    std::fs::rename(&tmp, path).expect("rename plan");
 }
