@@ -149,7 +149,9 @@ async fn run_scope(
     ctx.collector.register(ns.clone(), ar.clone(), wake_tx);
     Controller::new_with(jobs, watcher::Config::default(), ar)
         .with_config(
-            kube::runtime::controller::Config::default().concurrency(ctx.config.concurrency),
+            kube::runtime::controller::Config::default()
+                .concurrency(ctx.config.concurrency)
+                .debounce(ctx.config.debounce),
         )
         .owns_stream(pod_events)
         .owns_stream(cm_events)

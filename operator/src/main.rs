@@ -97,6 +97,12 @@ struct Cli {
     /// from queueing every reconcile behind all the others at the API server).
     #[arg(long, env = "HETEROTRAIN_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
+    /// Seconds a job's triggers (its pods', plan's and own changes) must
+    /// stay quiet before it is reconciled: the dozen changes of one gang
+    /// start then make one reconcile and one status write. 0 reconciles at
+    /// every change.
+    #[arg(long, env = "HETEROTRAIN_DEBOUNCE", default_value_t = 0.5)]
+    debounce: f64,
     /// Only reconcile jobs in this namespace (default: all namespaces);
     /// repeat the flag or separate names with commas. One watcher per
     /// namespace, so namespaced RBAC (a Role in each) is enough.
@@ -185,6 +191,7 @@ async fn run() -> anyhow::Result<()> {
         } else {
             cli.concurrency
         },
+        debounce: secs(cli.debounce, "debounce")?,
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
         prometheus_auth: heterotrain_operator::scrape::PrometheusAuth {

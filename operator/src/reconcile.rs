@@ -111,12 +111,20 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     // A restart is counted, and an end (Failed, Succeeded) recorded, before
     // the pods go: a retry, or a reconcile woken by their deletion, then
     // never takes the deletion for a disruption.
+    let was = v.job.status.as_ref().and_then(|s| s.phase.as_deref());
+    let mut phase_counted = false;
     if d.restarts != v.gang() || (d.complete && !d.delete_pods.is_empty()) {
         if status
             .write(status::next(&v, &d, &obs, &extras, &Time(now)))
             .await?
         {
             remember(ctx, &key, &uid, &status);
+        }
+        // Counted as soon as it is written: whoever reads the new phase
+        // also finds it counted.
+        if was != Some(d.phase.as_str()) {
+            ctx.metrics.entered(&v.namespace, d.phase.as_str());
+            phase_counted = true;
         }
         if d.restarts != v.gang() {
             ctx.metrics
@@ -163,8 +171,7 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
     if patched {
         remember(ctx, &key, &uid, &status);
     }
-    let was = v.job.status.as_ref().and_then(|s| s.phase.as_deref());
-    if was != Some(d.phase.as_str()) {
+    if was != Some(d.phase.as_str()) && !phase_counted {
         ctx.metrics.entered(&v.namespace, d.phase.as_str());
     }
     let m = &ctx.metrics;

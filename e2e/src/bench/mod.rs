@@ -285,6 +285,11 @@ pub struct ScalePoint {
     /// creating, seconds.
     #[serde(default)]
     pub burst_stage_p99_seconds: BTreeMap<String, f64>,
+    /// The API server's own p99 latency while creating, per request kind
+    /// (`POST pods`, `PATCH heterotrainingjobs/status`, …) with at least
+    /// 50 requests: where reconciles wait.
+    #[serde(default)]
+    pub burst_api_p99_seconds: BTreeMap<String, (u64, f64)>,
     /// Seconds from creating the jobs until every pod ran and the operator
     /// reported every job Running.
     pub seconds_to_running: f64,

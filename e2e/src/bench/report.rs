@@ -306,6 +306,31 @@ pub fn markdown(r: &Results) -> String {
                 p.seconds_to_running
             );
         }
+        for p in r
+            .scale
+            .iter()
+            .filter(|p| !p.burst_stage_p99_seconds.is_empty())
+        {
+            let stages: Vec<String> = p
+                .burst_stage_p99_seconds
+                .iter()
+                .map(|(k, v)| format!("{k} {:.0} ms", v * 1000.0))
+                .collect();
+            let mut api: Vec<(&String, &(u64, f64))> = p.burst_api_p99_seconds.iter().collect();
+            api.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            let api: Vec<String> = api
+                .iter()
+                .take(6)
+                .map(|(k, (n, v))| format!("{k} {:.0} ms ({n} requests)", v * 1000.0))
+                .collect();
+            let _ = writeln!(
+                s,
+                "\nWhile creating {} jobs, p99 per reconcile stage: {}; the API server's slowest p99s: {}.",
+                p.jobs,
+                stages.join(", "),
+                if api.is_empty() { "not read".into() } else { api.join(", ") }
+            );
+        }
     }
     if !r.targets.is_empty() {
         let _ = writeln!(s, "\n## Targets\n");

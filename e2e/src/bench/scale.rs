@@ -10,7 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures::{stream, StreamExt};
 use heterotrain_crds::HeteroTrainingJob;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
 
 use super::ScalePoint;
@@ -200,14 +202,121 @@ fn stage_histograms(system: &System) -> Result<Vec<BTreeMap<u64, f64>>> {
         .collect())
 }
 
-async fn running_pods(api: &Api<Pod>) -> Result<usize> {
-    // From the API server's watch cache: cheap even at thousands of pods.
-    let list = api.list(&ListParams::default().match_any()).await?;
-    Ok(list
-        .items
+/// The API server's request-duration histograms, per `VERB resource[/sub]`.
+pub fn api_histograms(text: &str) -> BTreeMap<String, BTreeMap<u64, f64>> {
+    let mut out: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_duration_seconds_bucket{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+        };
+        // The server writes labels sorted, none first of these four.
+        let (verb, resource, sub, le) = (
+            label(",verb").to_string(),
+            label(",resource").to_string(),
+            label(",subresource").to_string(),
+            label(",le"),
+        );
+        let le: f64 = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            match le.parse() {
+                Ok(v) => v,
+                Err(_) => continue,
+            }
+        };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        if matches!(verb.as_str(), "WATCH" | "CONNECT") || resource.is_empty() {
+            continue;
+        }
+        let key = if sub.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}/{sub}")
+        };
+        *out.entry(key).or_default().entry(le.to_bits()).or_default() += v;
+    }
+    out
+}
+
+async fn api_metrics(client: &kube::Client) -> Result<BTreeMap<String, BTreeMap<u64, f64>>> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building a /metrics request")?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("reading the API server's /metrics")?;
+    Ok(api_histograms(&text))
+}
+
+/// Request kinds with at least 50 requests between `a` and `b`: (count,
+/// p99 seconds).
+fn api_p99(
+    a: &BTreeMap<String, BTreeMap<u64, f64>>,
+    b: &BTreeMap<String, BTreeMap<u64, f64>>,
+) -> BTreeMap<String, (u64, f64)> {
+    let empty = BTreeMap::new();
+    b.iter()
+        .filter_map(|(k, hb)| {
+            let d = delta(a.get(k).unwrap_or(&empty), hb);
+            let n = histogram_count(&d);
+            (n >= 50.0).then(|| Some((k.clone(), (n as u64, histogram_quantile(&d, 0.99)?))))?
+        })
+        .collect()
+}
+
+/// Pods Running in a watched store.
+fn running_pods(store: &Store<Pod>) -> usize {
+    store
+        .state()
         .iter()
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count())
+        .count()
+}
+
+/// Jobs the operator reports Running, in a watched store.
+fn running_jobs(store: &Store<HeteroTrainingJob>) -> usize {
+    store
+        .state()
+        .iter()
+        .filter(|j| j.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count()
+}
+
+/// A store of `api`'s objects kept current by a watch, so waiting costs
+/// the API server one watch stream instead of a list of thousands of pods
+/// every poll (which would itself load the server being measured).
+fn watched<K>(api: Api<K>) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    (reader, task)
 }
 
 /// Grow to each of `counts` jobs in turn and measure. `hold`: time spent
@@ -240,6 +349,28 @@ async fn grow(
     let client = system.client().await?;
     let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (pod_store, pod_watch) = watched(pods);
+    let (job_store, job_watch) = watched(jobs.clone());
+    let out = grow_in(
+        system, &client, &jobs, &pod_store, &job_store, counts, hold, say,
+    )
+    .await;
+    pod_watch.abort();
+    job_watch.abort();
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn grow_in(
+    system: &System,
+    client: &kube::Client,
+    jobs: &Api<HeteroTrainingJob>,
+    pod_store: &Store<Pod>,
+    job_store: &Store<HeteroTrainingJob>,
+    counts: &[u32],
+    hold: Duration,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<ScalePoint>> {
     // Let the operator come up.
     let t = Instant::now();
     while system.operator_http_port().is_none() || operator_histogram(system).is_err() {
@@ -256,6 +387,7 @@ async fn grow(
     for &n in &sorted {
         let before = operator_histogram(system)?;
         let stages_before = stage_histograms(system)?;
+        let api_before = api_metrics(client).await?;
         let t0 = Instant::now();
         say(&format!(
             "    creating jobs {}..{} ({} pods in all)",
@@ -285,7 +417,7 @@ async fn grow(
         let want = (n * RANKS) as usize;
         let mut last_report = Instant::now();
         loop {
-            let running = running_pods(&pods).await.unwrap_or(0);
+            let running = running_pods(pod_store);
             if running >= want {
                 break;
             }
@@ -304,24 +436,19 @@ async fn grow(
             if t0.elapsed() > Duration::from_secs(900) {
                 bail!("only {running} of {want} pods Running after 15 minutes");
             }
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         // Then until the operator reports every job Running (it has seen all
         // the pods and written the status), and a moment to settle.
         loop {
-            let list = jobs.list(&ListParams::default().match_any()).await?;
-            let running = list
-                .items
-                .iter()
-                .filter(|j| j.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
+            let running = running_jobs(job_store);
             if running >= n as usize {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(900) {
                 bail!("only {running} of {n} jobs Running after 15 minutes");
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let to_running = t0.elapsed().as_secs_f64();
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -331,6 +458,7 @@ async fn grow(
         ));
         let running = operator_histogram(system)?;
         let stages_running = stage_histograms(system)?;
+        let api_running = api_metrics(client).await?;
         tokio::time::sleep(hold).await;
         let after = operator_histogram(system)?;
         let burst = delta(&before, &running);
@@ -353,6 +481,7 @@ async fn grow(
                 })
                 .collect(),
             seconds_to_running: to_running,
+            burst_api_p99_seconds: api_p99(&api_before, &api_running),
         };
         let [p50, p99, burst_p50, burst_p99] = p.latencies_ms().map(|v| v.unwrap_or(f64::NAN));
         say(&format!(
@@ -369,6 +498,17 @@ async fn grow(
         say(&format!(
             "    {n} jobs: p99 per reconcile stage while creating: {}",
             stage_p99.join(", ")
+        ));
+        let mut slowest: Vec<(&String, &(u64, f64))> = p.burst_api_p99_seconds.iter().collect();
+        slowest.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let api: Vec<String> = slowest
+            .iter()
+            .take(8)
+            .map(|(k, (n, v))| format!("{k} {:.0} ms ({n})", v * 1000.0))
+            .collect();
+        say(&format!(
+            "    {n} jobs: API server p99 while creating (requests): {}",
+            api.join(", ")
         ));
         points.push(p);
     }
@@ -387,6 +527,38 @@ heterotrain_operator_reconcile_duration_seconds_bucket{le=\"+Inf\"} 100\n\
 heterotrain_operator_reconcile_duration_seconds_sum 0.7\n\
 heterotrain_operator_reconcile_duration_seconds_count 100\n\
 heterotrain_operator_other_bucket{le=\"0.005\"} 7\n";
+
+    #[test]
+    fn api_server_histograms_are_keyed_by_verb_and_resource() {
+        let line = |verb: &str, res: &str, sub: &str, le: &str, v: u32| {
+            format!("apiserver_request_duration_seconds_bucket{{component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"{res}\",scope=\"resource\",subresource=\"{sub}\",verb=\"{verb}\",version=\"v1\",le=\"{le}\"}} {v}\n")
+        };
+        let a = line("APPLY", "pods", "", "0.1", 0)
+            + &line("APPLY", "pods", "", "1", 0)
+            + &line("APPLY", "pods", "", "+Inf", 0);
+        let b = line("APPLY", "pods", "", "0.1", 90)
+            + &line("APPLY", "pods", "", "1", 100)
+            + &line("APPLY", "pods", "", "+Inf", 100)
+            + &line("PATCH", "pods", "status", "+Inf", 60)
+            + &line("WATCH", "pods", "", "+Inf", 500)
+            + &line("POST", "events", "", "+Inf", 10)
+            + "apiserver_request_total{verb=\"GET\"} 3\n";
+        let (ha, hb) = (api_histograms(&a), api_histograms(&b));
+        assert_eq!(
+            hb.keys().collect::<Vec<_>>(),
+            ["APPLY pods", "PATCH pods/status", "POST events"]
+        );
+        let p = api_p99(&ha, &hb);
+        // Watches are not requests that end; kinds under 50 requests are left out.
+        assert_eq!(
+            p.keys().collect::<Vec<_>>(),
+            ["APPLY pods", "PATCH pods/status"]
+        );
+        let (n, p99) = p["APPLY pods"];
+        assert_eq!(n, 100);
+        // The 99th of 100 lies 9/10 into (0.1, 1].
+        assert!((p99 - 0.91).abs() < 1e-9, "{p99}");
+    }
 
     #[test]
     fn histogram_quantiles_interpolate_inside_buckets() {

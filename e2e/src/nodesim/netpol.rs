@@ -336,14 +336,21 @@ impl Enforcer {
         self.pods.insert(uid, net);
     }
 
-    /// The pod with UID `uid` is gone.
-    pub fn remove(&self, uid: &str) {
-        self.pods.remove(uid);
+    /// The pod with UID `uid` is gone; whether it was one of this
+    /// instance's (a pod on a node that runs no processes never is).
+    pub fn remove(&self, uid: &str) -> bool {
+        self.pods.remove(uid)
     }
 
     /// Read the policies and namespaces and apply the rules they give, when
     /// they changed. A failure is reported once and kept in [`State`].
     pub async fn sync(&self, client: &Client) -> Result<()> {
+        // Nothing to enforce and nothing written yet (no pod of this
+        // instance has had an address): no need to read every policy.
+        let pods = self.pods.values().unwrap_or_default();
+        if pods.is_empty() && self.applied.lock().await.is_none() {
+            return Ok(());
+        }
         let policies = Api::<NetworkPolicy>::all(client.clone())
             .list(&ListParams::default())
             .await
@@ -357,7 +364,6 @@ impl Enforcer {
             .into_iter()
             .filter_map(|n| Some((n.metadata.name?, n.metadata.labels.unwrap_or_default())))
             .collect();
-        let pods = self.pods.values().unwrap_or_default();
         let script = render(&self.table, &pods, &policies, &namespaces);
         let mut applied = self.applied.lock().await;
         if applied.as_deref() == Some(script.as_str()) {

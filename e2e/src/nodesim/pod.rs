@@ -100,8 +100,13 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, running: Arc<RunningPod>) {
     }
     let _ = ctx.hosts.remove(&uid);
     ctx.targets.remove(&uid);
-    ctx.netpol.remove(&uid);
-    let _ = ctx.netpol.sync(&ctx.client).await;
+    // Rules change only when a pod with an address goes: a pod on a node
+    // that runs no processes never had rules, and re-reading every policy
+    // for each of thousands of such pods would load the API server the
+    // operator's scale bench measures.
+    if ctx.netpol.remove(&uid) {
+        let _ = ctx.netpol.sync(&ctx.client).await;
+    }
     if running.terminating.load(Ordering::SeqCst) && !ctx.is_lost(&running.node) {
         finalize_delete(&ctx, &pod).await;
     }

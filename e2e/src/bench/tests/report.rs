@@ -49,7 +49,10 @@ fn targets_follow_the_measurements() {
         burst_p50_seconds: None,
         burst_p99_seconds: Some(3.0),
         rss_mib: Some(151.0),
-        burst_stage_p99_seconds: Default::default(),
+        burst_stage_p99_seconds: [("apply".to_string(), 2.5)].into_iter().collect(),
+        burst_api_p99_seconds: [("APPLY roles".to_string(), (300, 0.9))]
+            .into_iter()
+            .collect(),
         seconds_to_running: 1.0,
     });
     let c = check_targets(&r, 2.0);
@@ -80,6 +83,10 @@ fn targets_follow_the_measurements() {
         "{md}"
     );
     assert!(md.contains("**missed**"));
+    assert!(
+        md.contains("p99 per reconcile stage: apply 2500 ms; the API server's slowest p99s: APPLY roles 900 ms (300 requests)."),
+        "{md}"
+    );
     let csv = csv(&r);
     assert_eq!(csv.lines().count(), 5);
     assert!(csv.lines().nth(1).unwrap().contains(",96 32,"));
