@@ -298,6 +298,15 @@ pub struct ScalePoint {
 impl ScalePoint {
     /// Reconcile latency quantiles in milliseconds: p50 and p99 holding the
     /// jobs, then p50 and p99 while creating them.
+    /// The `n` request kinds with the highest API server p99 while
+    /// creating, slowest first: (kind, (requests, p99 seconds)).
+    pub fn slowest_api(&self, n: usize) -> Vec<(&String, &(u64, f64))> {
+        let mut v: Vec<_> = self.burst_api_p99_seconds.iter().collect();
+        v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        v.truncate(n);
+        v
+    }
+
     pub fn latencies_ms(&self) -> [Option<f64>; 4] {
         [
             self.reconcile_p50_seconds,

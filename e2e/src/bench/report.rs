@@ -316,11 +316,9 @@ pub fn markdown(r: &Results) -> String {
                 .iter()
                 .map(|(k, v)| format!("{k} {:.0} ms", v * 1000.0))
                 .collect();
-            let mut api: Vec<(&String, &(u64, f64))> = p.burst_api_p99_seconds.iter().collect();
-            api.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-            let api: Vec<String> = api
-                .iter()
-                .take(6)
+            let api: Vec<String> = p
+                .slowest_api(6)
+                .into_iter()
                 .map(|(k, (n, v))| format!("{k} {:.0} ms ({n} requests)", v * 1000.0))
                 .collect();
             let _ = writeln!(

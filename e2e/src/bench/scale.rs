@@ -86,20 +86,21 @@ pub fn histogram_where(text: &str, name: &str, label: &str) -> BTreeMap<u64, f64
         let Some(le) = key.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
             continue;
         };
-        let le: f64 = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            match le.parse() {
-                Ok(v) => v,
-                Err(_) => continue,
-            }
-        };
-        let Ok(v) = value.trim().parse::<f64>() else {
+        let (Some(le), Ok(v)) = (bucket_bound(le), value.trim().parse::<f64>()) else {
             continue;
         };
         *out.entry(le.to_bits()).or_default() += v;
     }
     out
+}
+
+/// A bucket's upper bound (`le`), `+Inf` included.
+fn bucket_bound(le: &str) -> Option<f64> {
+    if le == "+Inf" {
+        Some(f64::INFINITY)
+    } else {
+        le.parse().ok()
+    }
 }
 
 /// `b - a` per bucket.
@@ -226,15 +227,7 @@ pub fn api_histograms(text: &str) -> BTreeMap<String, BTreeMap<u64, f64>> {
             label(",subresource").to_string(),
             label(",le"),
         );
-        let le: f64 = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            match le.parse() {
-                Ok(v) => v,
-                Err(_) => continue,
-            }
-        };
-        let Ok(v) = value.trim().parse::<f64>() else {
+        let (Some(le), Ok(v)) = (bucket_bound(le), value.trim().parse::<f64>()) else {
             continue;
         };
         if matches!(verb.as_str(), "WATCH" | "CONNECT") || resource.is_empty() {
@@ -499,11 +492,9 @@ async fn grow_in(
             "    {n} jobs: p99 per reconcile stage while creating: {}",
             stage_p99.join(", ")
         ));
-        let mut slowest: Vec<(&String, &(u64, f64))> = p.burst_api_p99_seconds.iter().collect();
-        slowest.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-        let api: Vec<String> = slowest
-            .iter()
-            .take(8)
+        let api: Vec<String> = p
+            .slowest_api(8)
+            .into_iter()
             .map(|(k, (n, v))| format!("{k} {:.0} ms ({n})", v * 1000.0))
             .collect();
         say(&format!(
