@@ -35,7 +35,7 @@ pub struct OperatorConfig {
     /// Quiet time a job's triggers must leave before it is reconciled: the
     /// pod, ConfigMap and status changes of one gang start (a dozen within a
     /// second) then make one reconcile and one status write, not one each.
-    /// Zero reconciles at every trigger.
+    /// Zero (the default) reconciles at every trigger.
     pub debounce: Duration,
     /// Live samples the balancer keeps per rank (each sample is one scrape
     /// interval's mean step, so fewer than the balancer's default suffice).
@@ -141,7 +141,7 @@ impl Default for OperatorConfig {
             scrape_max_body_bytes: crate::scrape::DEFAULT_MAX_BODY_BYTES,
             rebalance_interval: Duration::from_secs(30),
             concurrency: 16,
-            debounce: Duration::from_millis(500),
+            debounce: Duration::ZERO,
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,
             prometheus_url: None,

@@ -99,9 +99,10 @@ struct Cli {
     concurrency: u16,
     /// Seconds a job's triggers (its pods', plan's and own changes) must
     /// stay quiet before it is reconciled: the dozen changes of one gang
-    /// start then make one reconcile and one status write. 0 reconciles at
-    /// every change.
-    #[arg(long, env = "HETEROTRAIN_DEBOUNCE", default_value_t = 0.5)]
+    /// start then make fewer reconciles and status writes. 0 (the default)
+    /// reconciles at every change: a job's own status writes also reset the
+    /// wait, so a debounce slows how often a short job's progress is read.
+    #[arg(long, env = "HETEROTRAIN_DEBOUNCE", default_value_t = 0.0)]
     debounce: f64,
     /// Only reconcile jobs in this namespace (default: all namespaces);
     /// repeat the flag or separate names with commas. One watcher per
