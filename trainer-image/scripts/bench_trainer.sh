@@ -13,7 +13,8 @@
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
 #      HETEROTRAIN_PYTHON (python with torch 2.11), ONLY=ddp (the first two
-#      tables alone: ours vs DDP, the update inside vs after backward)
+#      tables alone: ours vs DDP, the update inside vs after backward),
+#      ONLY=leave-out (the 0.05-core left-out rank's table alone)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -82,6 +83,7 @@ paired() {
     "$(printf '%s\n' "${rs[@]}" | median)" "$(printf '%s\n' "${rs[@]}" | minmax)"
 }
 
+if [ "${ONLY:-}" != leave-out ]; then
 echo "ours vs PyTorch DDP (2 ranks, $threads thread(s) each, $runs interleaved pairs)"
 printf '| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
 paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ddp resnet18 64 15 3"
@@ -125,6 +127,7 @@ if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; t
 else
   echo
   echo "(no writable cgroup: the slow-rank comparisons are skipped)"
+fi
 fi
 # At 0.05 core even one sample makes rank 1 the last to finish: left out
 # (0 samples, no part in the exchange) against kept at 1 sample, and

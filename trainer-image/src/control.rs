@@ -1,18 +1,25 @@
 //! Step-boundary agreement. A small control word
-//! `[stop, generation, B, b_0..b_{n-1}, loss]` — rank 0's proposed plan,
-//! every rank's stop request and its weighted loss (b_r/B · mean loss) — is
-//! SUM-all-reduced so that all ranks switch plans, and stop, at the same
-//! step, and learn the global batch's loss. Before the first step it is a
-//! blocking collective of its own ([`agree`]); during training it is the
-//! step's only collective besides the gradient buckets: started
-//! asynchronously once forward has the loss, overlapped with backward, and
-//! applied at the boundary of step t+1 ([`encode`] / [`decode`]). The word
-//! is f64: plan numbers are integers far below 2^53, so they stay exact.
+//! `[stop, generation, B, lag, b_0..b_{n-1}, loss]` — rank 0's proposed
+//! plan and control lag, every rank's stop request and its weighted loss
+//! (b_r/B · mean loss) — is SUM-all-reduced so that all ranks switch plans,
+//! and stop, at the same step, and learn the global batch's loss. Before
+//! the first step it is a blocking collective of its own ([`agree`]);
+//! during training it is the step's only collective besides the gradient
+//! buckets: started asynchronously once forward has the loss, overlapped
+//! with backward, and waited `lag` steps later ([`Pipeline`]): at the end
+//! of the same step while every rank trains (lag 0), several steps later
+//! while the plan leaves a rank out, so that a left-out rank on a sliver of
+//! a core (a CPU quota that stalls it for a whole period) never holds up
+//! the ranks that train. The lag is rank 0's choice, carried in the word,
+//! so every rank waits each word at the same step. The word is f64: plan
+//! numbers are integers far below 2^53, so they stay exact.
+
+use std::collections::VecDeque;
 
 use heterotrain_crds::BatchPlan;
 use tch::Tensor;
 
-use crate::c10d::ProcessGroup;
+use crate::c10d::{PendingWork, ProcessGroup};
 use crate::error::Result;
 
 /// What the ranks agreed on for the coming step.
@@ -23,38 +30,56 @@ pub struct Agreement {
     pub stop: bool,
     /// Σ_r b_r/B · loss_r: the global batch's mean loss (0 before training).
     pub loss: f64,
+    /// Steps between starting a control word and waiting for it, for the
+    /// words started under this agreement (rank 0's choice).
+    pub lag: u32,
 }
+
+/// Fixed slots before the batches: stop, generation, B, lag.
+const HEAD: usize = 4;
 
 /// This rank's control word: its stop request, its weighted loss and, on
 /// rank 0, the plan.
-pub fn encode(rank: usize, world: usize, proposed: &BatchPlan, stop: bool, loss: f64) -> Tensor {
-    let mut v = vec![0f64; 4 + world];
+pub fn encode(rank: usize, world: usize, proposed: &Proposal, stop: bool, loss: f64) -> Tensor {
+    let mut v = vec![0f64; HEAD + 1 + world];
     v[0] = f64::from(u8::from(stop));
     if rank == 0 {
-        v[1] = proposed.generation as f64;
-        v[2] = f64::from(proposed.global_batch_size);
-        for (r, b) in proposed.batch_sizes.iter().enumerate().take(world) {
-            v[3 + r] = f64::from(*b);
+        let plan = &proposed.plan;
+        v[1] = plan.generation as f64;
+        v[2] = f64::from(plan.global_batch_size);
+        v[3] = f64::from(proposed.lag);
+        for (r, b) in plan.batch_sizes.iter().enumerate().take(world) {
+            v[HEAD + r] = f64::from(*b);
         }
     }
-    v[3 + world] = loss;
+    v[HEAD + world] = loss;
     Tensor::from_slice(&v)
+}
+
+/// What a rank puts forward at a step: on rank 0 the plan and the lag for
+/// the words started under it; elsewhere the current plan (kept for its
+/// text) and no lag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub plan: BatchPlan,
+    pub lag: u32,
 }
 
 /// The agreement in a SUM-reduced control word; `proposed` is this rank's
 /// own proposal (rank 0 keeps its plan's policy and reason).
-pub fn decode(word: &Tensor, rank: usize, proposed: &BatchPlan) -> Agreement {
+pub fn decode(word: &Tensor, rank: usize, proposed: &Proposal) -> Agreement {
     let out = Vec::<f64>::try_from(word).unwrap_or_default();
-    if out.len() < 4 {
+    if out.len() <= HEAD {
         return Agreement {
-            plan: proposed.clone(),
+            plan: proposed.plan.clone(),
             stop: false,
             loss: f64::NAN,
+            lag: proposed.lag,
         };
     }
-    let (batches, loss) = (&out[3..out.len() - 1], out[out.len() - 1]);
+    let (batches, loss) = (&out[HEAD..out.len() - 1], out[out.len() - 1]);
     let generation = out[1] as u64;
-    let mut plan = proposed.clone();
+    let mut plan = proposed.plan.clone();
     if rank != 0 || plan.generation != generation {
         plan.generation = generation;
         plan.global_batch_size = out[2] as u32;
@@ -66,6 +91,7 @@ pub fn decode(word: &Tensor, rank: usize, proposed: &BatchPlan) -> Agreement {
         plan,
         stop: out[0] > 0.0,
         loss,
+        lag: out[3] as u32,
     }
 }
 
@@ -74,14 +100,15 @@ pub fn decode(word: &Tensor, rank: usize, proposed: &BatchPlan) -> Agreement {
 pub fn agree(
     pg: Option<&ProcessGroup>,
     rank: usize,
-    proposed: &BatchPlan,
+    proposed: &Proposal,
     stop: bool,
 ) -> Result<Agreement> {
     let Some(pg) = pg else {
         return Ok(Agreement {
-            plan: proposed.clone(),
+            plan: proposed.plan.clone(),
             stop,
             loss: 0.0,
+            lag: proposed.lag,
         });
     };
     let mut t = encode(rank, pg.world_size(), proposed, stop, 0.0);
@@ -89,36 +116,177 @@ pub fn agree(
     Ok(decode(&t, rank, proposed))
 }
 
+/// A control word being all-reduced, and the step at whose end it is due.
+struct InFlight<'a> {
+    word: Tensor,
+    work: Option<PendingWork<'a>>,
+    due: u64,
+    proposed: Proposal,
+}
+
+/// The control words in flight, oldest first. A word started at step s
+/// under lag L is due at the end of step max(s + L, the previous word's
+/// due step): every rank computes the same due steps from the same
+/// agreements, and words are applied in the order they were started.
+#[derive(Default)]
+pub struct Pipeline<'a> {
+    queue: VecDeque<InFlight<'a>>,
+    last_due: u64,
+}
+
+impl<'a> Pipeline<'a> {
+    /// Keep `word` (its all-reduce `work` started at `step`) until its due step.
+    pub fn push(
+        &mut self,
+        step: u64,
+        lag: u32,
+        word: Tensor,
+        work: Option<PendingWork<'a>>,
+        proposed: Proposal,
+    ) {
+        let due = due_step(step, lag, self.last_due);
+        self.last_due = due;
+        self.queue.push_back(InFlight {
+            word,
+            work,
+            due,
+            proposed,
+        });
+    }
+
+    /// Wait for the words due by the end of `step`, oldest first, and merge
+    /// their agreements: the newest plan, lag and loss, and a stop if any
+    /// asked for one. None: nothing was due.
+    pub fn take_due(&mut self, step: u64, rank: usize) -> Result<Option<Agreement>> {
+        let mut merged: Option<Agreement> = None;
+        while let Some(w) = self.queue.pop_front() {
+            if w.due > step {
+                self.queue.push_front(w);
+                break;
+            }
+            if let Some(work) = w.work {
+                work.wait()?;
+            }
+            let a = decode(&w.word, rank, &w.proposed);
+            let stop = a.stop || merged.as_ref().is_some_and(|m| m.stop);
+            merged = Some(Agreement { stop, ..a });
+        }
+        Ok(merged)
+    }
+
+    /// Wait for every word still in flight (at the end of the run: every
+    /// rank started the same words, so they all complete).
+    pub fn drain(&mut self) -> Result<()> {
+        for w in self.queue.drain(..) {
+            if let Some(work) = w.work {
+                work.wait()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The step at whose end a word started at `step` under `lag` is due, after
+/// the previous word's `last_due` (never before it: words apply in order).
+pub fn due_step(step: u64, lag: u32, last_due: u64) -> u64 {
+    step.saturating_add(u64::from(lag)).max(last_due)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn offer(plan: &BatchPlan, lag: u32) -> Proposal {
+        Proposal {
+            plan: plan.clone(),
+            lag,
+        }
+    }
+
     #[test]
-    fn sum_of_words_carries_rank_zero_plan_and_any_stop() {
+    fn sum_of_words_carries_rank_zero_plan_lag_and_any_stop() {
         let mut p0 = BatchPlan::equal(3, 32, 3);
         p0.batch_sizes = vec![20, 9, 3];
         let p1 = BatchPlan::equal(2, 32, 3);
-        let sum = encode(0, 3, &p0, false, 0.25)
-            + encode(1, 3, &p1, true, 0.5)
-            + encode(2, 3, &p1, false, 0.125);
-        let a = decode(&sum, 1, &p1);
+        let sum = encode(0, 3, &offer(&p0, 4), false, 0.25)
+            + encode(1, 3, &offer(&p1, 9), true, 0.5)
+            + encode(2, 3, &offer(&p1, 9), false, 0.125);
+        let a = decode(&sum, 1, &offer(&p1, 9));
         assert!(a.stop);
         assert_eq!(a.plan.generation, 3);
         assert_eq!(a.plan.batch_sizes, vec![20, 9, 3]);
+        assert_eq!(a.lag, 4, "rank 0's lag, the others' ignored");
         assert_eq!(a.loss, 0.875, "the weighted losses add up");
-        let a0 = decode(&sum, 0, &p0);
+        let a0 = decode(&sum, 0, &offer(&p0, 4));
         assert_eq!(a0.plan, p0, "rank 0 keeps its own plan's text");
-        let calm = encode(0, 3, &p0, false, 0.0) + encode(1, 3, &p1, false, 0.0);
-        assert!(!decode(&calm, 2, &p1).stop);
+        let calm =
+            encode(0, 3, &offer(&p0, 0), false, 0.0) + encode(1, 3, &offer(&p1, 0), false, 0.0);
+        assert!(!decode(&calm, 2, &offer(&p1, 0)).stop);
     }
 
     #[test]
     fn large_generations_and_batches_survive_the_float_word() {
         let mut p = BatchPlan::equal(1 << 40, 1 << 20, 2);
         p.batch_sizes = vec![(1 << 20) - 1, 1];
-        let a = decode(&encode(0, 2, &p, false, 0.0), 1, &BatchPlan::equal(0, 2, 2));
+        let a = decode(
+            &encode(0, 2, &offer(&p, 0), false, 0.0),
+            1,
+            &offer(&BatchPlan::equal(0, 2, 2), 0),
+        );
         assert_eq!(a.plan.generation, 1 << 40);
         assert_eq!(a.plan.global_batch_size, 1 << 20);
         assert_eq!(a.plan.batch_sizes, p.batch_sizes);
+    }
+
+    #[test]
+    fn due_steps_follow_the_lag_and_never_reorder() {
+        // Lag 0: due at the end of its own step.
+        assert_eq!(due_step(5, 0, 4), 5);
+        // Lag 3 from step 5: due at 8.
+        assert_eq!(due_step(5, 3, 4), 8);
+        // The lag dropped to 0 while the word of step 5 (due 8) is in
+        // flight: the word of step 6 waits for it (due 8, not 6).
+        assert_eq!(due_step(6, 0, 8), 8);
+        assert_eq!(due_step(u64::MAX, 7, 0), u64::MAX);
+    }
+
+    #[test]
+    fn pipeline_applies_words_at_their_due_step_merging_stops() {
+        // Without a group (no work to wait for) the words are their own sums.
+        let mut plan = BatchPlan::equal(1, 8, 2);
+        let mut pipe = Pipeline::default();
+        let rank1 = offer(&BatchPlan::equal(0, 8, 2), 0);
+        pipe.push(
+            1,
+            2,
+            encode(0, 2, &offer(&plan, 2), true, 0.5),
+            None,
+            rank1.clone(),
+        );
+        plan.generation = 2;
+        plan.batch_sizes = vec![7, 1];
+        pipe.push(
+            2,
+            0,
+            encode(0, 2, &offer(&plan, 0), false, 0.25),
+            None,
+            rank1.clone(),
+        );
+        assert!(
+            pipe.take_due(1, 1).unwrap().is_none(),
+            "step 1's word is due at 3"
+        );
+        assert!(
+            pipe.take_due(2, 1).unwrap().is_none(),
+            "step 2's word waits behind it"
+        );
+        let a = pipe.take_due(3, 1).unwrap().expect("both due at 3");
+        assert_eq!(a.plan.batch_sizes, vec![7, 1], "the newest plan");
+        assert_eq!((a.lag, a.loss), (0, 0.25), "the newest lag and loss");
+        assert!(a.stop, "a stop in an older word is kept");
+        assert!(pipe.take_due(9, 1).unwrap().is_none());
+        pipe.push(4, 0, encode(1, 2, &rank1, false, 0.0), None, rank1);
+        pipe.drain().unwrap();
+        assert!(pipe.take_due(9, 1).unwrap().is_none(), "drained");
     }
 }

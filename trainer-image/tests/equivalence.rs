@@ -466,3 +466,61 @@ fn rank_zero_alone_matches_one_process() {
         .collect();
     assert_eq!(b1, vec![0; 20], "rank 1 batch sizes");
 }
+
+/// A left-out rank that stops answering (SIGSTOP: a CPU quota that stalls
+/// it for a whole period, taken to the extreme) does not hold up the rank
+/// that trains for `--control-lag-steps` steps: rank 0 gets 3 steps past
+/// the stopped rank's last step, which it cannot without the lag (each
+/// step would wait for the stopped rank's control word of that step, and
+/// the stopped rank started at most one more). After SIGCONT the run ends
+/// with one process's parameters.
+#[test]
+fn a_stalled_left_out_rank_does_not_hold_up_the_training_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |out: &Path| {
+        let mut a = base("mlp", out);
+        // No epoch boundary (its evaluation is a collective of all ranks).
+        set_flag(&mut a, "--synthetic-samples", "4096");
+        set_flag(&mut a, "--max-steps", "40");
+        a
+    };
+    let single = dir.path().join("single");
+    run_ok(1, &with(&single));
+    let want = load_weights(&single.join("model.safetensors"));
+
+    let out = dir.path().join("multi");
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[32, 0]);
+    let mut a = with(&out);
+    a.extend(path_arg("--plan-file", &plan));
+    a.extend(args(&[
+        "--step-sleep-ms",
+        "100",
+        "--control-lag-steps",
+        "4",
+    ]));
+    let children = spawn_ranks(2, &a);
+    let pid1 = children[1].id() as i32;
+    assert!(
+        wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 5
+            && last_step(&out, 1) >= 5),
+        "the ranks never reached step 5"
+    );
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(pid1, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(300));
+    let s1 = last_step(&out, 1);
+    let ran_on = wait_until(Duration::from_secs(20), || last_step(&out, 0) >= s1 + 3);
+    let (s0, s1_after) = (last_step(&out, 0), last_step(&out, 1));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid1, libc::SIGCONT) };
+    assert_all_ok(&wait_all(children, Duration::from_secs(120)));
+    assert_eq!(s1, s1_after, "rank 1 was not stopped");
+    assert!(
+        ran_on,
+        "rank 0 stayed at step {s0} while the left-out rank was stopped at {s1}"
+    );
+    let got = load_weights(&out.join("model.safetensors"));
+    let d = max_abs_diff(&want, &got);
+    assert!(d <= 1e-5, "max |Δparam| = {d:e}");
+}

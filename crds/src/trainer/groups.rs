@@ -170,6 +170,14 @@ pub struct DistArgs {
     /// bucket is 1 MiB, as in DDP, so communication starts early).
     #[arg(long, default_value_t = 25)]
     pub bucket_mib: usize,
+    /// Steps between starting the per-step control word (plan, stop, loss)
+    /// and waiting for it while the plan leaves a rank out (rank 0's value
+    /// counts): a left-out rank on a sliver of a core then never holds up
+    /// the ranks that train, and plan changes and stops take effect this
+    /// many steps later. While every rank trains the word is waited at the
+    /// end of its own step.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub control_lag_steps: u32,
     /// This rank (torchrun `RANK`).
     #[arg(long, env = env::RANK, default_value_t = 0)]
     #[serde(skip)]

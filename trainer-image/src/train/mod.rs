@@ -106,9 +106,17 @@ struct Trainer<'a> {
     sampler: HeteroSampler,
     pos: SamplerPosition,
     step: u64,
-    /// The agreement for the next step boundary, from the previous step's
-    /// control all-reduce (none before the first step).
+    /// The agreement for the next step boundary, from the control words
+    /// due at the end of the previous step (none: nothing new).
     carried: Option<control::Agreement>,
+    /// The control words in flight, and the lag they are started with.
+    words: control::Pipeline<'a>,
+    lag: u32,
+    /// The first boundary (a blocking agreement) is behind us.
+    begun: bool,
+    /// Rank 0's newest proposal, possibly still in flight (the base of the
+    /// next one, so that a lagged word never proposes an older plan).
+    offer: Option<BatchPlan>,
     log: JsonlLog,
     /// The last step's loss over the global batch.
     global_loss: f64,
@@ -151,6 +159,10 @@ impl<'a> Trainer<'a> {
             },
             step: 0,
             carried: None,
+            words: control::Pipeline::default(),
+            lag: 0,
+            begun: false,
+            offer: None,
             log: JsonlLog::open(&cfg.output.output_dir, cfg.dist.rank)?,
             global_loss: f64::NAN,
             last_acc: None,
@@ -302,7 +314,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// The end of the run: buffers agreed, a last checkpoint, the weights.
-    fn finish(self) -> Result<RunSummary> {
+    fn finish(mut self) -> Result<RunSummary> {
+        self.words.drain()?;
         epoch::agree_buffers(&self.cfg.model, self.pg, &self.p.all_vars, self.share())?;
         self.save()?;
         self.p.mx.set_finished();

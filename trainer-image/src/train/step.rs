@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use heterotrain_crds::BatchPlan;
 use tch::Tensor;
 
 use crate::c10d::{self, PendingWork, UpdateDone, UpdateInBackward};
@@ -37,11 +36,15 @@ impl<'a> Trainer<'a> {
         let rank = self.cfg.dist.rank;
         let agreed = match self.carried.take() {
             Some(a) => a,
+            // No control word was due at the end of the last step.
+            None if self.begun => return Ok(true),
             None => {
+                self.begun = true;
                 let proposed = self.propose();
                 control::agree(self.pg, rank, &proposed, stop_requested)?
             }
         };
+        self.lag = agreed.lag;
         if agreed.stop {
             self.stopped = true;
             return Ok(false);
@@ -117,15 +120,18 @@ impl<'a> Trainer<'a> {
         let t0 = Instant::now();
         // Rank 0's next proposal and every stop request ride in the control
         // word with the loss: one small all-reduce, started once forward has
-        // the loss, overlapped with backward and waited at the step's end;
-        // it takes effect at the next step boundary.
+        // the loss, overlapped with backward and waited at the end of the
+        // step it is due (`lag` steps later); it takes effect at the next
+        // step boundary.
         let proposed = self.propose();
         if self.local_batch() == 0 {
             let stop_now = stop.load(Ordering::SeqCst);
             let mut word =
                 control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now, 0.0);
             let word_work = self.start_sum(&mut word)?;
-            return self.sit_out(started, word, word_work, &proposed);
+            self.words
+                .push(self.step + 1, self.lag, word, word_work, proposed);
+            return self.sit_out(started);
         }
 
         let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
@@ -135,18 +141,23 @@ impl<'a> Trainer<'a> {
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
         let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
-        let pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop, lr)?;
-        if let Some(w) = pass.word_work {
-            w.wait()?;
-        }
-        let agreed = control::decode(&pass.word, rank, &proposed);
+        let mut pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop, lr)?;
+        let word = std::mem::replace(&mut pass.word, Tensor::new());
+        self.words.push(
+            self.step + 1,
+            self.lag,
+            word,
+            pass.word_work.take(),
+            proposed,
+        );
         // Summed over the members (alone: its own loss, weighted by 1).
-        let global_loss = if self.pg.is_some() {
-            agreed.loss
-        } else {
-            pass.local_loss
+        let global_loss = match self.pg {
+            Some(_) => self.take_words()?,
+            None => {
+                self.carried = self.words.take_due(self.step + 1, rank)?;
+                Some(pass.local_loss)
+            }
         };
-        self.carried = Some(agreed);
         sync_device(device);
         // Exposed communication: everything in forward and backward that
         // was not local compute, plus the final waits.
@@ -155,27 +166,39 @@ impl<'a> Trainer<'a> {
         self.update(&mut tm, lr, pass.updated)?;
         self.step += 1;
         let done = (pass.overlap, pass.updated);
+        let global_loss = self.known_loss(global_loss)?;
         self.record(started, tm, pass.local_loss, global_loss, lr, done)
+    }
+
+    /// Wait for the control words due at the end of this step; they are
+    /// applied at the next boundary. Returns the newest global loss among
+    /// them (none was due: None).
+    fn take_words(&mut self) -> Result<Option<f64>> {
+        self.carried = self.words.take_due(self.step + 1, self.cfg.dist.rank)?;
+        Ok(self.carried.as_ref().map(|a| a.loss))
+    }
+
+    /// A new global loss must be finite (every rank sees the same one and
+    /// stops with the same error); none new: the last known.
+    fn known_loss(&self, fresh: Option<f64>) -> Result<f64> {
+        match fresh {
+            Some(l) if !l.is_finite() => Err(TrainerError::Data(format!(
+                "loss became {l} by step {}; lower --lr",
+                self.step
+            ))),
+            Some(l) => Ok(l),
+            None => Ok(self.global_loss),
+        }
     }
 
     /// A step of a rank the plan leaves out: no data, no compute, no part
     /// in the loss, the gradient exchange or the update's broadcasts; it
     /// takes part only in the control word (which brings it back) and
     /// keeps the optimizer's step count.
-    fn sit_out(
-        &mut self,
-        started: Instant,
-        word: Tensor,
-        word_work: Option<PendingWork<'a>>,
-        proposed: &BatchPlan,
-    ) -> Result<()> {
+    fn sit_out(&mut self, started: Instant) -> Result<()> {
         let t0 = Instant::now();
-        if let Some(w) = word_work {
-            w.wait()?;
-        }
-        self.carried = Some(control::decode(&word, self.cfg.dist.rank, proposed));
-        // The members' loss is theirs alone: keep showing the last known.
-        let global_loss = self.global_loss;
+        // The members' loss (this rank adds none).
+        let fresh = self.take_words()?;
         self.opt.skip();
         let tm = StepTimings {
             allreduce_seconds: t0.elapsed().as_secs_f64(),
@@ -183,6 +206,7 @@ impl<'a> Trainer<'a> {
         };
         let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         self.step += 1;
+        let global_loss = self.known_loss(fresh)?;
         self.record(started, tm, global_loss, global_loss, lr, (None, None))
     }
 
@@ -200,7 +224,7 @@ impl<'a> Trainer<'a> {
         x: &Tensor,
         y: &Tensor,
         tm: &mut StepTimings,
-        proposed: &BatchPlan,
+        proposed: &control::Proposal,
         stop: &AtomicBool,
         lr: f64,
     ) -> Result<Pass<'a>> {
@@ -367,23 +391,20 @@ impl<'a> Trainer<'a> {
             .record(b_local, tm.compute_seconds(), step_s, !self.warm);
         self.warm = false;
         self.global_loss = global_loss;
-        if b_local > 0 && !global_loss.is_finite() {
-            return Err(TrainerError::Data(format!(
-                "loss became {global_loss} at step {}; lower --lr",
-                self.step
-            )));
-        }
         Ok(())
     }
 
     /// Rank 0: the plan to propose for the next step (the local balancer's
     /// pending plan, then the plan source's, each through the gate). Other
     /// ranks propose nothing (their control word carries only a stop request).
-    fn propose(&mut self) -> BatchPlan {
-        let mut proposed = self.plan.clone();
+    fn propose(&mut self) -> control::Proposal {
         if self.cfg.dist.rank != 0 {
-            return proposed;
+            return control::Proposal {
+                plan: self.plan.clone(),
+                lag: 0,
+            };
         }
+        let mut proposed = self.offer.take().unwrap_or_else(|| self.plan.clone());
         let world = self.plan.batch_sizes.len();
         for p in [self.pending.take().map(Ok), self.source.poll()]
             .into_iter()
@@ -398,7 +419,17 @@ impl<'a> Trainer<'a> {
                 }
             }
         }
-        proposed
+        self.offer = Some(proposed.clone());
+        // While a rank sits out, its control word may come late.
+        let lag = if proposed.left_out().is_empty() {
+            0
+        } else {
+            self.cfg.dist.control_lag_steps
+        };
+        control::Proposal {
+            plan: proposed,
+            lag,
+        }
     }
 }
 
