@@ -104,6 +104,8 @@ printf '| model, split | sharded samples/s | replicated samples/s | ratio (media
 paired "resnet18, 32 / 32" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --optimizer-sharding replicated"
 paired "mlp (hidden 512), 128 / 128" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --optimizer-sharding replicated"
 
+fi
+
 # A slow rank: rank 1 in a cgroup at QUOTA/PERIOD of a core (the kernel's
 # smallest quota is 1 ms). Needs a writable cgroup (root).
 slow_cgroup() { # quota-us period-us
@@ -115,6 +117,7 @@ slow_cgroup() { # quota-us period-us
   fi
 }
 # At 0.3 core the update's cost on the slow rank shows.
+if [ "${ONLY:-}" != leave-out ]; then
 if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   export SLOW_CGROUP
   plan="$tmp/plan-52-12.json"
@@ -131,7 +134,9 @@ fi
 fi
 # At 0.05 core even one sample makes rank 1 the last to finish: left out
 # (0 samples, no part in the exchange) against kept at 1 sample, and
-# against rank 0 training alone (the best subset).
+# against rank 0 training alone (the best subset), and against the same
+# plan with every control word waited at the end of its own step
+# (--control-lag-steps 0: the left-out rank's CPU quota then stalls rank 0).
 if SLOW_CGROUP=$(slow_cgroup 1000 20000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   export SLOW_CGROUP
   out_plan="$tmp/plan-256-0.json" keep_plan="$tmp/plan-255-1.json"
@@ -143,5 +148,6 @@ if SLOW_CGROUP=$(slow_cgroup 1000 20000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; t
   printf '| comparison | A samples/s | B samples/s | ratio A/B (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
   paired "A 256 / 0 (left out), B 255 / 1" "$mlp --plan-file $out_plan" "$mlp --plan-file $keep_plan"
   paired "A 256 / 0 (left out), B rank 0 alone" "$mlp --plan-file $out_plan" "WORLD=1 $mlp"
+  paired "A 256 / 0 (left out), B the same waiting each control word in its own step" "$mlp --plan-file $out_plan" "$mlp --plan-file $out_plan --control-lag-steps 0"
   rmdir "$SLOW_CGROUP" 2>/dev/null || true
 fi

@@ -49,6 +49,13 @@ pub struct Scenario {
     pub title: String,
     pub nodes: Vec<BenchNode>,
     pub throttle: Option<Throttle>,
+    /// Nodes (indices) of the scenario's best subset, measured alone with
+    /// the whole global batch; the cluster runs are compared with it.
+    /// Empty: none. A scenario with a best subset skips `static` (the
+    /// equal split on a node too slow to help takes many times as long and
+    /// says nothing new).
+    #[serde(default)]
+    pub best_subset: Vec<usize>,
 }
 
 impl Scenario {
@@ -64,7 +71,7 @@ fn node(name: &str, speed: f64) -> BenchNode {
     }
 }
 
-/// The four scenarios. Node names are unique across scenarios so
+/// The five scenarios. Node names are unique across scenarios so
 /// that one cluster holds them all (the throttle scenario reuses the 2-node
 /// scenario's nodes).
 pub fn scenarios() -> Vec<Scenario> {
@@ -74,6 +81,7 @@ pub fn scenarios() -> Vec<Scenario> {
             title: "2 nodes, speeds 1.0 / 0.33".into(),
             nodes: vec![node("two-fast", 1.0), node("two-slow", 0.33)],
             throttle: None,
+            best_subset: Vec::new(),
         },
         Scenario {
             name: "four-node".into(),
@@ -85,6 +93,7 @@ pub fn scenarios() -> Vec<Scenario> {
                 node("four-d", 0.25),
             ],
             throttle: None,
+            best_subset: Vec::new(),
         },
         Scenario {
             name: "throttle".into(),
@@ -96,12 +105,22 @@ pub fn scenarios() -> Vec<Scenario> {
                 at: 1.0 / 3.0,
                 restore: 2.0 / 3.0,
             }),
+            best_subset: Vec::new(),
         },
         Scenario {
             name: "homogeneous".into(),
             title: "2 nodes, speeds 1.0 / 1.0 (control)".into(),
             nodes: vec![node("same-a", 1.0), node("same-b", 1.0)],
             throttle: None,
+            best_subset: Vec::new(),
+        },
+        Scenario {
+            name: "slow-node".into(),
+            title: "2 nodes, speeds 1.0 / 0.05 (one too slow to help)".into(),
+            nodes: vec![node("crawl-fast", 1.0), node("crawl-slow", 0.05)],
+            throttle: None,
+            // The fast node alone: what the job must not fall below.
+            best_subset: vec![0],
         },
     ]
 }
@@ -243,6 +262,10 @@ pub struct RunResult {
     pub efficiency_concurrent: Option<f64>,
     /// Against static in the same round.
     pub speedup_vs_static: Option<f64>,
+    /// samples/s of the scenario's best subset alone with the whole
+    /// global batch (scenarios with one).
+    #[serde(default)]
+    pub best_subset: Option<f64>,
     /// Parameter elements each rank's optimizer updated at the last step.
     #[serde(default)]
     pub optimizer_elements: Vec<i64>,

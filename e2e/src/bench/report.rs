@@ -37,7 +37,14 @@ pub fn run_line(x: &RunResult) -> String {
         opt(x.ideal_concurrent, 0),
         x.speedup_vs_static
             .map(|s| format!(", {s:.2} × static"))
-            .unwrap_or_default(),
+            .into_iter()
+            .chain(x.best_subset.filter(|b| *b > 0.0).map(|b| {
+                format!(
+                    ", {:.2} × the best subset ({b:.0})",
+                    x.summary.samples_per_second / b
+                )
+            }))
+            .collect::<String>(),
         x.summary.final_plan,
         x.summary.plan_changes,
         x.summary.balance_cv_percent,

@@ -70,6 +70,7 @@ struct Ideals {
     seq_throttled: Option<f64>,
     conc: f64,
     conc_throttled: Option<f64>,
+    best_subset: Option<f64>,
 }
 
 /// The scenario's nodes with the throttled node at its throttled speed.
@@ -80,12 +81,15 @@ fn throttled_nodes(sc: &Scenario) -> Option<Vec<BenchNode>> {
     Some(nodes)
 }
 
-/// Policies of round `round`: all in the first, static and dynamic after.
-fn round_policies(policies: &[String], round: u32) -> Vec<&str> {
+/// Policies of round `round`: all in the first, static and dynamic after;
+/// never static in a scenario measured against its best subset.
+fn round_policies<'p>(policies: &'p [String], round: u32, sc: &Scenario) -> Vec<&'p str> {
+    let with_static = sc.best_subset.is_empty();
     policies
         .iter()
         .map(String::as_str)
         .filter(|p| round == 0 || *p == "static" || *p == "dynamic")
+        .filter(|p| with_static || *p != "static")
         .collect()
 }
 
@@ -216,6 +220,7 @@ async fn cluster_run(
         ideal_concurrent: (conc > 0.0).then_some(conc),
         efficiency_concurrent: (conc > 0.0).then(|| rate / conc),
         speedup_vs_static: static_rate.filter(|s| *s > 0.0).map(|s| rate / s),
+        best_subset: ideals.best_subset,
         optimizer_elements: cs
             .last()
             .map(|s| s.optimizer_elements.clone())
@@ -248,7 +253,7 @@ pub async fn training(o: &TrainingOptions, st: &mut State, out: &Path) -> Result
     for m in &o.models {
         for sc in o.scenarios.iter().filter(|s| m.scenarios.contains(&s.name)) {
             st.total += (0..rounds_of(o, sc))
-                .map(|k| round_policies(&o.policies, k).len())
+                .map(|k| round_policies(&o.policies, k, sc).len())
                 .sum::<usize>();
         }
     }
@@ -297,8 +302,16 @@ async fn scenario(
     if let Some(nodes) = &throttled {
         ideals.seq_throttled = Some(ideal::sequential(cl, st, m, nodes).await?);
     }
+    if !sc.best_subset.is_empty() {
+        let subset: Vec<BenchNode> = sc
+            .best_subset
+            .iter()
+            .filter_map(|&i| sc.nodes.get(i).cloned())
+            .collect();
+        ideals.best_subset = Some(ideal::sequential(cl, st, m, &subset).await?);
+    }
     for round in 0..rounds_of(o, sc) {
-        let policies = round_policies(&o.policies, round);
+        let policies = round_policies(&o.policies, round, sc);
         if policies.is_empty() {
             break;
         }
@@ -358,9 +371,18 @@ mod tests {
         let all: Vec<String> = ["static", "proportional", "dynamic", "hybrid"]
             .map(String::from)
             .to_vec();
-        assert_eq!(round_policies(&all, 0).len(), 4);
-        assert_eq!(round_policies(&all, 2), vec!["static", "dynamic"]);
-        assert!(round_policies(&["hybrid".to_string()], 1).is_empty());
+        let scs = super::super::scenarios();
+        let two = scs.iter().find(|s| s.name == "two-node").unwrap();
+        assert_eq!(round_policies(&all, 0, two).len(), 4);
+        assert_eq!(round_policies(&all, 2, two), vec!["static", "dynamic"]);
+        assert!(round_policies(&["hybrid".to_string()], 1, two).is_empty());
+        // Against its best subset: no static.
+        let slow = scs.iter().find(|s| s.name == "slow-node").unwrap();
+        assert_eq!(
+            round_policies(&all, 0, slow),
+            vec!["proportional", "dynamic", "hybrid"]
+        );
+        assert_eq!(round_policies(&all, 1, slow), vec!["dynamic"]);
     }
 
     #[test]

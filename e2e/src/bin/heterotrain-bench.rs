@@ -36,11 +36,12 @@ struct Cli {
     /// Models to run (comma-separated): simple_cnn, mlp, resnet18.
     #[arg(long, value_delimiter = ',', default_value = "simple_cnn,mlp,resnet18")]
     models: Vec<String>,
-    /// Scenarios (comma-separated): two-node, four-node, throttle, homogeneous.
+    /// Scenarios (comma-separated): two-node, four-node, throttle, homogeneous,
+    /// slow-node (1.0 / 0.05, against the fast node alone: no static run).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "two-node,four-node,throttle,homogeneous"
+        default_value = "two-node,four-node,throttle,homogeneous,slow-node"
     )]
     scenarios: Vec<String>,
     /// Policies (comma-separated): static, proportional, dynamic, hybrid, seed-formula.
@@ -98,7 +99,7 @@ fn validate(cli: &Cli) -> Result<()> {
     }
     for s in &cli.scenarios {
         if !bench::scenarios().iter().any(|x| &x.name == s) {
-            bail!("unknown scenario {s:?} (two-node, four-node, throttle, homogeneous)");
+            bail!("unknown scenario {s:?} (two-node, four-node, throttle, homogeneous, slow-node)");
         }
     }
     for p in &cli.policies {

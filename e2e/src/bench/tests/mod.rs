@@ -14,7 +14,7 @@ fn ideal_split_is_proportional_and_sums_to_the_global_batch() {
 #[test]
 fn scenarios_use_distinct_nodes_except_the_throttle_reuse() {
     let sc = scenarios();
-    assert_eq!(sc.len(), 4);
+    assert_eq!(sc.len(), 5);
     let t = sc.iter().find(|s| s.throttle.is_some()).unwrap();
     let two = sc.iter().find(|s| s.name == "two-node").unwrap();
     assert_eq!(t.nodes, two.nodes);
@@ -55,6 +55,7 @@ pub(crate) fn test_run(
         ideal_concurrent: None,
         efficiency_concurrent: None,
         speedup_vs_static: vs,
+        best_subset: None,
         optimizer_elements: vec![],
         recovery: None,
         throttle_window: None,

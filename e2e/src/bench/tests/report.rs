@@ -91,3 +91,26 @@ fn targets_follow_the_measurements() {
     assert_eq!(csv.lines().count(), 5);
     assert!(csv.lines().nth(1).unwrap().contains(",96 32,"));
 }
+
+#[test]
+fn the_slow_node_scenario_is_held_to_its_best_subset() {
+    let mut r = Results::default();
+    let mut d = run("slow-node", "dynamic", 950.0, 1100.0, None);
+    d.best_subset = Some(1000.0);
+    d.summary.final_plan = vec![128, 0];
+    r.runs.push(d);
+    let c = check_targets(&r, 2.0);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0].met, Some(false), "0.95 × the best subset");
+    assert!(c[0].measured.starts_with("0.95 ×"), "{}", c[0].measured);
+    assert!(
+        run_line(&r.runs[0]).contains("0.95 × the best subset (1000)"),
+        "{}",
+        run_line(&r.runs[0])
+    );
+    r.runs[0].summary.samples_per_second = 1010.0;
+    assert_eq!(check_targets(&r, 2.0)[0].met, Some(true));
+    // Without the subset's measurement there is nothing to hold it to.
+    r.runs[0].best_subset = None;
+    assert!(check_targets(&r, 2.0).is_empty());
+}
