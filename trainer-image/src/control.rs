@@ -20,7 +20,7 @@ use heterotrain_crds::BatchPlan;
 use tch::Tensor;
 
 use crate::c10d::{PendingWork, ProcessGroup};
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 
 /// What the ranks agreed on for the coming step.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,20 +169,36 @@ impl<'a> Pipeline<'a> {
             }
             let a = decode(&w.word, rank, &w.proposed);
             let stop = a.stop || merged.as_ref().is_some_and(|m| m.stop);
-            merged = Some(Agreement { stop, ..a });
+            // A non-finite loss in an older word is not hidden by a newer one.
+            let loss = match &merged {
+                Some(m) if !m.loss.is_finite() => m.loss,
+                _ => a.loss,
+            };
+            merged = Some(Agreement { stop, loss, ..a });
         }
         Ok(merged)
     }
 
     /// Wait for every word still in flight (at the end of the run: every
-    /// rank started the same words, so they all complete).
-    pub fn drain(&mut self) -> Result<()> {
+    /// rank started the same words, so they all complete). A non-finite
+    /// loss among them fails the run as it would have at its due step.
+    pub fn drain(&mut self, rank: usize) -> Result<()> {
+        let mut bad = None;
         for w in self.queue.drain(..) {
             if let Some(work) = w.work {
                 work.wait()?;
             }
+            let loss = decode(&w.word, rank, &w.proposed).loss;
+            if !loss.is_finite() && bad.is_none() {
+                bad = Some(loss);
+            }
         }
-        Ok(())
+        match bad {
+            Some(l) => Err(TrainerError::Data(format!(
+                "loss became {l} in the last steps; lower --lr"
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -285,8 +301,33 @@ mod tests {
         assert_eq!((a.lag, a.loss), (0, 0.25), "the newest lag and loss");
         assert!(a.stop, "a stop in an older word is kept");
         assert!(pipe.take_due(9, 1).unwrap().is_none());
-        pipe.push(4, 0, encode(1, 2, &rank1, false, 0.0), None, rank1);
-        pipe.drain().unwrap();
+        pipe.push(4, 0, encode(1, 2, &rank1, false, 0.0), None, rank1.clone());
+        pipe.drain(1).unwrap();
         assert!(pipe.take_due(9, 1).unwrap().is_none(), "drained");
+        // A non-finite loss is kept over a newer finite one, and fails a drain.
+        pipe.push(
+            5,
+            1,
+            encode(0, 2, &offer(&plan, 1), false, f64::NAN),
+            None,
+            rank1.clone(),
+        );
+        pipe.push(
+            6,
+            0,
+            encode(0, 2, &offer(&plan, 0), false, 0.5),
+            None,
+            rank1.clone(),
+        );
+        assert!(pipe.take_due(6, 1).unwrap().unwrap().loss.is_nan());
+        pipe.push(
+            7,
+            4,
+            encode(0, 2, &offer(&plan, 4), false, f64::INFINITY),
+            None,
+            rank1,
+        );
+        let e = pipe.drain(1).unwrap_err().to_string();
+        assert!(e.contains("loss became inf"), "{e}");
     }
 }

@@ -104,7 +104,13 @@ impl Trainer<'_> {
             return Ok(());
         }
         let reports = local_balance::gather(self.pg, self.interval.report())?;
-        if balance_now {
+        // A plan still in flight (a lagged control word) was decided from
+        // earlier measurements: wait for it before deciding again.
+        let settled = self
+            .offer
+            .as_ref()
+            .is_none_or(|o| o.generation == self.plan.generation);
+        if balance_now && settled {
             self.interval.reset();
             if let Some(lb) = self.balancer.as_mut() {
                 self.pending = lb.round(&reports, &self.plan);

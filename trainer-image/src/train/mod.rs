@@ -315,7 +315,7 @@ impl<'a> Trainer<'a> {
 
     /// The end of the run: buffers agreed, a last checkpoint, the weights.
     fn finish(mut self) -> Result<RunSummary> {
-        self.words.drain()?;
+        self.words.drain(self.cfg.dist.rank)?;
         epoch::agree_buffers(&self.cfg.model, self.pg, &self.p.all_vars, self.share())?;
         self.save()?;
         self.p.mx.set_finished();

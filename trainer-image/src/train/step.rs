@@ -142,6 +142,15 @@ impl<'a> Trainer<'a> {
 
         let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
         let mut pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop, lr)?;
+        // While words lag, the global loss comes late: a rank whose own loss
+        // is not finite stops now, before a checkpoint can keep its update.
+        if self.lag > 0 && !pass.local_loss.is_finite() {
+            return Err(TrainerError::Data(format!(
+                "loss became {} at step {}; lower --lr",
+                pass.local_loss,
+                self.step + 1
+            )));
+        }
         let word = std::mem::replace(&mut pass.word, Tensor::new());
         self.words.push(
             self.step + 1,
