@@ -11,7 +11,9 @@
 //! step of each decision interval ([`crate::Balancer::observe_step_time`];
 //! the median over the ranks that train, counted only from ranks running
 //! the plan decided last). When it is at least [`TRIAL_EXCESS_FACTOR`]× the
-//! predicted compute step, a *leave-out trial* starts: the eligible rank
+//! predicted compute step — or, when leaving the rank out would leave one
+//! rank training alone (no exchange at all), merely longer than predicted —
+//! a *leave-out trial* starts: the eligible rank
 //! slowest per sample (never rank 0, a stale rank, one without data) is
 //! left out for one interval, provided it is not waiting out a lost trial
 //! and its absence could win at all. At the next decision the two
@@ -38,6 +40,21 @@ use crate::{BalancerConfig, StepModel};
 /// many times the predicted compute step: the exchange of a healthy job
 /// stays well below it, a rank stalling every exchange far above.
 pub(crate) const TRIAL_EXCESS_FACTOR: f64 = 2.0;
+/// How many times the predicted compute step the measured step must be for
+/// a trial whose plan is `without` (the split without the candidate):
+/// [`TRIAL_EXCESS_FACTOR`] while two or more ranks would still train (the
+/// exchange stays, and a step longer than predicted may be its cost rather
+/// than the candidate's), 1 when one rank would train alone — the exchange
+/// goes with the candidate, so its absence wins whenever the compute step
+/// without it is `leaveOutMarginPercent` shorter than the measured step.
+fn excess_factor(without: &[u32]) -> f64 {
+    if without.iter().filter(|&&b| b > 0).count() <= 1 {
+        1.0
+    } else {
+        TRIAL_EXCESS_FACTOR
+    }
+}
+
 /// Decisions a leave-out trial waits for a step measured without its rank
 /// before it is given up (and counted as lost).
 pub(crate) const TRIAL_MAX_DECISIONS: u32 = 3;
@@ -260,7 +277,8 @@ pub(crate) struct Models<'a> {
 }
 
 /// The trial to start when the step `measured` under `current` is at least
-/// [`TRIAL_EXCESS_FACTOR`]× its predicted compute step `predicted`: the
+/// [`TRIAL_EXCESS_FACTOR`]× its predicted compute step `predicted` (1× when
+/// the split without the candidate trains one rank: [`excess_factor`]): the
 /// rank slowest per sample of all that train in `current` when it is
 /// `eligible` (never rank 0), unless it is waiting out a lost trial, left out of the best split without it (the
 /// ranks already out stay out: `lower`/`upper` hold them at 0) — provided
@@ -278,7 +296,7 @@ pub(crate) fn trial_start(
     predicted: f64,
     margin: u32,
 ) -> Option<TrialStart> {
-    if !(predicted > 0.0 && measured >= TRIAL_EXCESS_FACTOR * predicted) {
+    if !(predicted > 0.0 && measured > predicted) {
         return None;
     }
     let per_sample = |r: usize| {
@@ -301,6 +319,9 @@ pub(crate) fn trial_start(
         (*l, *h) = (0, 0);
     }
     let split = optimal_split_bounded(models.split, models.global, &lo, &hi).ok()?;
+    if measured < excess_factor(&split.batches) * predicted {
+        return None;
+    }
     let predicted_seconds = max_step(models.predict, &split.batches);
     shorter(predicted_seconds, measured, margin).then_some(TrialStart {
         rank,

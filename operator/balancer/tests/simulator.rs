@@ -250,3 +250,32 @@ fn a_rank_stalling_every_exchange_is_left_out_on_the_measured_step() {
     assert_eq!(all.final_plan[4], 1);
     assert!(all.steady_efficiency < 0.3, "{}", all.steady_efficiency);
 }
+
+#[test]
+fn a_slow_partner_whose_exchange_costs_a_quarter_of_the_step_is_left_out_early() {
+    // Two ranks; the slow one (speed 0.05) fits a sample or two in the fast
+    // one's step, but its share of every exchange adds 80 ms to a ~300 ms
+    // step: 1.3 × the predicted compute step, below the 2 × that starts a
+    // trial among many ranks. Leaving it out leaves one rank and no
+    // exchange of its making, so the trial starts on the margin alone.
+    let base = scenario("four-rank");
+    let s = Scenario {
+        ranks: [1.0, 0.05]
+            .iter()
+            .map(|&v| heterotrain_balancer::sim::SimRank {
+                exchange_seconds: if v < 1.0 { 0.08 } else { 0.0 },
+                ..heterotrain_balancer::sim::SimRank::with_speed(v, 0.002, 0.010, 1024)
+            })
+            .collect(),
+        global_batch: 128,
+        steps: 400,
+        ..base
+    };
+    let r = run(&s, Policy::Dynamic, 1).expect("run");
+    assert_eq!(r.final_plan, vec![128, 0], "{}", r.last_reason);
+    // Out by the fifth decision, and the rest of the run near the best
+    // subset's rate.
+    for i in &r.intervals[6..] {
+        assert!(i.efficiency >= 0.95, "{i:?}");
+    }
+}
