@@ -75,14 +75,53 @@ async fn standalone(
     if let Some(r) = st.standalone.get(&key) {
         return Ok(*r);
     }
-    let speed = node.speed;
     let name = format!(
         "solo-{}-{}-{}-b{batch}",
         short(&m.model),
         node.name,
-        (speed * 100.0).round() as u32
+        (node.speed * 100.0).round() as u32
     );
-    let j = solo_job(cl, m, &name, node, batch)?;
+    let rate = alone(cl, st, m, (node, batch, 0), &name).await?;
+    st.standalone.insert(key, rate);
+    Ok(rate)
+}
+
+/// The best subset's rate in round `round`, measured afresh (so that each
+/// round's runs are held to a measurement taken minutes before them): its
+/// ranks alone, one after another, at their ideal split of the global
+/// batch (one node: the whole batch).
+pub async fn best_subset(
+    cl: &BenchCluster,
+    st: &mut State,
+    m: &ModelRun,
+    nodes: &[BenchNode],
+    round: u32,
+) -> Result<f64> {
+    let speeds: Vec<f64> = nodes.iter().map(|n| n.speed).collect();
+    let mut sum = 0.0;
+    for (n, b) in nodes.iter().zip(ideal_split(m.global_batch, &speeds)) {
+        let name = format!(
+            "subset-{}-{}-{}-b{b}-r{round}",
+            short(&m.model),
+            n.name,
+            (n.speed * 100.0).round() as u32
+        );
+        sum += alone(cl, st, m, (n, b, round), &name).await?;
+    }
+    Ok(sum)
+}
+
+/// samples/s of one rank alone on `node` at `batch`, as job `name` (in
+/// `round`).
+async fn alone(
+    cl: &BenchCluster,
+    st: &mut State,
+    m: &ModelRun,
+    (node, batch, round): (&BenchNode, u32, u32),
+    name: &str,
+) -> Result<f64> {
+    let speed = node.speed;
+    let j = solo_job(cl, m, name, node, batch)?;
     let run = at_speeds(cl, st, std::slice::from_ref(node), async {
         cl.run(j, None, Duration::from_secs(900)).await
     })
@@ -92,7 +131,6 @@ async fn standalone(
         "    alone: {} on {} (speed {speed}), batch {batch}: {rate:.1} samples/s",
         m.model, node.name
     ));
-    st.standalone.insert(key, rate);
     st.results.standalone.push(Standalone {
         model: m.model.clone(),
         node: node.name.clone(),
@@ -100,7 +138,7 @@ async fn standalone(
         batch,
         samples_per_second: rate,
         together: false,
-        round: 0,
+        round,
     });
     Ok(rate)
 }

@@ -302,20 +302,20 @@ async fn scenario(
     if let Some(nodes) = &throttled {
         ideals.seq_throttled = Some(ideal::sequential(cl, st, m, nodes).await?);
     }
-    if !sc.best_subset.is_empty() {
-        let subset: Vec<BenchNode> = sc
-            .best_subset
-            .iter()
-            .filter_map(|&i| sc.nodes.get(i).cloned())
-            .collect();
-        ideals.best_subset = Some(ideal::sequential(cl, st, m, &subset).await?);
-    }
+    let subset: Vec<BenchNode> = sc
+        .best_subset
+        .iter()
+        .filter_map(|&i| sc.nodes.get(i).cloned())
+        .collect();
     for round in 0..rounds_of(o, sc) {
         let policies = round_policies(&o.policies, round, sc);
         if policies.is_empty() {
             break;
         }
         ideals.conc = ideal::concurrent(cl, st, m, &sc.nodes, round).await?;
+        if !subset.is_empty() {
+            ideals.best_subset = Some(ideal::best_subset(cl, st, m, &subset, round).await?);
+        }
         if let Some(nodes) = &throttled {
             ideals.conc_throttled = Some(ideal::concurrent(cl, st, m, nodes, round).await?);
         }

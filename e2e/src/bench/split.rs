@@ -52,7 +52,8 @@ impl Spread {
 }
 
 /// Paired ratios of one model and scenario: round k's dynamic run against
-/// round k's static run and round k's concurrent ideal.
+/// round k's static run, round k's concurrent ideal and (where measured)
+/// round k's best subset.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Paired {
     pub model: String,
@@ -61,6 +62,10 @@ pub struct Paired {
     pub dynamic_vs_static: Option<Spread>,
     pub dynamic_vs_concurrent: Option<Spread>,
     pub static_vs_concurrent: Option<Spread>,
+    /// Round k's dynamic run against round k's best subset (scenarios
+    /// measured against one).
+    #[serde(default)]
+    pub dynamic_vs_best_subset: Option<Spread>,
 }
 
 /// The paired ratios of `model` on `scenario` from `runs`.
@@ -95,6 +100,16 @@ pub fn paired(runs: &[RunResult], model: &str, scenario: &str) -> Paired {
         dynamic_vs_static: Spread::of(&vs_static),
         dynamic_vs_concurrent: Spread::of(&vs_conc(&dynamic)),
         static_vs_concurrent: Spread::of(&vs_conc(&stat)),
+        dynamic_vs_best_subset: Spread::of(
+            &dynamic
+                .iter()
+                .filter_map(|d| {
+                    d.best_subset
+                        .filter(|b| *b > 0.0)
+                        .map(|b| d.summary.samples_per_second / b)
+                })
+                .collect::<Vec<f64>>(),
+        ),
     }
 }
 

@@ -129,8 +129,7 @@ impl<'a> Trainer<'a> {
             let mut word =
                 control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now, 0.0);
             let word_work = self.start_sum(&mut word)?;
-            self.words
-                .push(self.step + 1, self.lag, word, word_work, proposed);
+            self.push_word(word, word_work, proposed);
             return self.sit_out(started);
         }
 
@@ -152,20 +151,14 @@ impl<'a> Trainer<'a> {
             )));
         }
         let word = std::mem::replace(&mut pass.word, Tensor::new());
-        self.words.push(
-            self.step + 1,
-            self.lag,
-            word,
-            pass.word_work.take(),
-            proposed,
-        );
+        let word_work = pass.word_work.take();
+        self.push_word(word, word_work, proposed);
         // Summed over the members (alone: its own loss, weighted by 1).
-        let global_loss = match self.pg {
-            Some(_) => self.take_words()?,
-            None => {
-                self.carried = self.words.take_due(self.step + 1, rank)?;
-                Some(pass.local_loss)
-            }
+        let fresh = self.take_words()?;
+        let global_loss = if self.pg.is_some() {
+            fresh
+        } else {
+            Some(pass.local_loss)
         };
         sync_device(device);
         // Exposed communication: everything in forward and backward that
@@ -177,6 +170,17 @@ impl<'a> Trainer<'a> {
         let done = (pass.overlap, pass.updated);
         let global_loss = self.known_loss(global_loss)?;
         self.record(started, tm, pass.local_loss, global_loss, lr, done)
+    }
+
+    /// Queue this step's control word, due `lag` steps on.
+    fn push_word(
+        &mut self,
+        word: Tensor,
+        work: Option<PendingWork<'a>>,
+        proposed: control::Proposal,
+    ) {
+        self.words
+            .push(self.step + 1, self.lag, word, work, proposed);
     }
 
     /// Wait for the control words due at the end of this step; they are
