@@ -366,6 +366,9 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
             let mut a = base("mlp", out);
             // 320 samples, 10% held out: 9 steps per epoch of B = 32.
             set_flag(&mut a, "--synthetic-samples", "320");
+            // While rank 1 is out, plan changes land --control-lag-steps
+            // (4) steps after rank 0 reads them: room for the last one.
+            set_flag(&mut a, "--max-steps", "30");
             set_flag(&mut a, "--lr", lr);
             a.extend(args(&[
                 "--optimizer",

@@ -81,7 +81,7 @@ async fn standalone(
         node.name,
         (node.speed * 100.0).round() as u32
     );
-    let rate = alone(cl, st, m, (node, batch, 0), &name).await?;
+    let rate = alone(cl, st, m, (node, batch, 0, false), &name).await?;
     st.standalone.insert(key, rate);
     Ok(rate)
 }
@@ -106,18 +106,18 @@ pub async fn best_subset(
             n.name,
             (n.speed * 100.0).round() as u32
         );
-        sum += alone(cl, st, m, (n, b, round), &name).await?;
+        sum += alone(cl, st, m, (n, b, round, true), &name).await?;
     }
     Ok(sum)
 }
 
 /// samples/s of one rank alone on `node` at `batch`, as job `name` (in
-/// `round`).
+/// `round`; `subset`: a measurement of the best subset).
 async fn alone(
     cl: &BenchCluster,
     st: &mut State,
     m: &ModelRun,
-    (node, batch, round): (&BenchNode, u32, u32),
+    (node, batch, round, subset): (&BenchNode, u32, u32, bool),
     name: &str,
 ) -> Result<f64> {
     let speed = node.speed;
@@ -139,6 +139,7 @@ async fn alone(
         samples_per_second: rate,
         together: false,
         round,
+        best_subset: subset,
     });
     Ok(rate)
 }
@@ -194,6 +195,7 @@ pub async fn concurrent(
             samples_per_second: *rate,
             together: true,
             round,
+            best_subset: false,
         });
     }
     let sum: f64 = rates.iter().sum();

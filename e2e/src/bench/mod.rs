@@ -207,9 +207,13 @@ pub struct Standalone {
     pub samples_per_second: f64,
     #[serde(default)]
     pub together: bool,
-    /// Round of the scenario's interleaved runs (concurrent ideal only).
+    /// Round of the scenario's interleaved runs (concurrent ideal and best
+    /// subset).
     #[serde(default)]
     pub round: u32,
+    /// A measurement of the scenario's best subset (in round `round`).
+    #[serde(default)]
+    pub best_subset: bool,
 }
 
 /// Per-step series of a run, for plots (times relative to the first step).

@@ -251,7 +251,7 @@ pub fn markdown(r: &Results) -> String {
             s,
             "\n## Each rank without communication (the ideals' terms)\n"
         );
-        let _ = writeln!(s, "Alone = one rank after another (ideal seq); together = all ranks of the scenario at once, in round n (ideal conc).\n");
+        let _ = writeln!(s, "Alone = one rank after another (ideal seq); together = all ranks of the scenario at once, in round n (ideal conc); best subset = the subset's ranks alone, measured again in round n.\n");
         let _ = writeln!(
             s,
             "| model | node | speed | local batch | run | samples/s |"
@@ -260,6 +260,8 @@ pub fn markdown(r: &Results) -> String {
         for a in &r.standalone {
             let run = if a.together {
                 format!("together, round {}", a.round + 1)
+            } else if a.best_subset {
+                format!("best subset, round {}", a.round + 1)
             } else {
                 "alone".into()
             };

@@ -36,9 +36,11 @@ use crate::split::{max_step, optimal_split_bounded};
 use crate::subset::{secs, trial_samples_needed};
 use crate::{BalancerConfig, StepModel};
 
-/// A leave-out trial starts only when the measured step is at least this
+/// While two or more ranks would still train without the candidate, a
+/// leave-out trial starts only when the measured step is at least this
 /// many times the predicted compute step: the exchange of a healthy job
-/// stays well below it, a rank stalling every exchange far above.
+/// stays well below it, a rank stalling every exchange far above (one rank
+/// left alone: see [`excess_factor`]).
 pub(crate) const TRIAL_EXCESS_FACTOR: f64 = 2.0;
 /// How many times the predicted compute step the measured step must be for
 /// a trial whose plan is `without` (the split without the candidate):

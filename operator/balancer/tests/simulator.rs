@@ -253,9 +253,10 @@ fn a_rank_stalling_every_exchange_is_left_out_on_the_measured_step() {
 
 #[test]
 fn a_slow_partner_whose_exchange_costs_a_quarter_of_the_step_is_left_out_early() {
-    // Two ranks; the slow one (speed 0.05) fits a sample or two in the fast
-    // one's step, but its share of every exchange adds 80 ms to a ~300 ms
-    // step: 1.3 × the predicted compute step, below the 2 × that starts a
+    // Two ranks; the slow one (speed 0.05) fits a few samples in the fast
+    // one's step, but its share of every exchange adds 80 ms: with the
+    // scenario's 30 ms all-reduce the step is about 0.36 s against a
+    // predicted compute step of 0.25 s (1.4 ×), below the 2 × that starts a
     // trial among many ranks. Leaving it out leaves one rank and no
     // exchange of its making, so the trial starts on the margin alone.
     let base = scenario("four-rank");

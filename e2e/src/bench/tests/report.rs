@@ -129,6 +129,10 @@ fn the_slow_node_scenario_is_held_to_its_best_subset() {
         "{}",
         c[0].measured
     );
+    // The paired table shows the same spread.
+    let p = crate::bench::split::paired(&r.runs, "simple_cnn", "slow-node");
+    let s = p.dynamic_vs_best_subset.expect("paired spread");
+    assert_eq!((s.n, format!("{:.2}", s.median)), (3, "0.95".to_string()));
     r.runs.truncate(1);
     // Without the subset's measurement there is nothing to hold it to.
     r.runs[0].best_subset = None;
