@@ -140,7 +140,7 @@ impl Default for OperatorConfig {
             scrape_timeout: Duration::from_secs(3),
             scrape_max_body_bytes: crate::scrape::DEFAULT_MAX_BODY_BYTES,
             rebalance_interval: Duration::from_secs(30),
-            concurrency: 16,
+            concurrency: 1,
             debounce: Duration::ZERO,
             balancer_window: 8,
             metrics_source: MetricsSourceMode::Job,

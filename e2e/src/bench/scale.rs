@@ -313,10 +313,12 @@ where
 }
 
 /// Grow to each of `counts` jobs in turn and measure. `hold`: time spent
-/// at each size after every pod runs. `say` prints progress.
+/// at each size after every pod runs; `operator_args`: extra flags for the
+/// operator. `say` prints progress.
 pub async fn run(
     counts: &[u32],
     hold: Duration,
+    operator_args: &[String],
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<ScalePoint>> {
     let max = counts.iter().copied().max().unwrap_or(0);
@@ -324,8 +326,11 @@ pub async fn run(
         "==> operator scale: starting a control plane with nodes for {} pods",
         max * RANKS
     ));
-    let mut system =
-        System::start(SystemOptions::new("bench-scale", nodes_for(max * RANKS))).await?;
+    let opts = SystemOptions {
+        operator_args: operator_args.to_vec(),
+        ..SystemOptions::new("bench-scale", nodes_for(max * RANKS))
+    };
+    let mut system = System::start(opts).await?;
     let out = grow(&system, counts, hold, say).await;
     system.stop().await;
     out

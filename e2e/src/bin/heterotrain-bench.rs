@@ -70,6 +70,11 @@ struct Cli {
     /// Seconds to hold each job count before reading the operator's metrics.
     #[arg(long, default_value_t = 20)]
     scale_hold: u64,
+    /// Extra flags for the scale test's operator, e.g.
+    /// `--scale-operator-args=--concurrency=16` to compare with the default
+    /// (space-separated; repeat the flag or quote the list).
+    #[arg(long, allow_hyphen_values = true)]
+    scale_operator_args: Vec<String>,
     /// Skip the operator scale test.
     #[arg(long)]
     no_scale: bool,
@@ -194,7 +199,19 @@ async fn main_inner(cli: Cli) -> Result<()> {
         }
     }
     if !cli.no_scale && !cli.scale_jobs.is_empty() {
-        match scale::run(&cli.scale_jobs, Duration::from_secs(cli.scale_hold), &say).await {
+        let operator_args: Vec<String> = cli
+            .scale_operator_args
+            .iter()
+            .flat_map(|a| a.split_whitespace().map(String::from))
+            .collect();
+        if !operator_args.is_empty() {
+            st.results.notes.push(format!(
+                "operator scale run with the operator flags {}",
+                operator_args.join(" ")
+            ));
+        }
+        let hold = Duration::from_secs(cli.scale_hold);
+        match scale::run(&cli.scale_jobs, hold, &operator_args, &say).await {
             Ok(points) => st.results.scale = points,
             Err(e) => {
                 eprintln!("operator scale stopped: {e:#}");
