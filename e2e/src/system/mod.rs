@@ -9,7 +9,7 @@ mod identity;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -80,11 +80,97 @@ pub struct System {
     pub cluster: LocalCluster,
     pub sim: NodeSimulator,
     pub prometheus: Option<Prometheus>,
-    operator: Mutex<Option<Child>>,
+    operator: Arc<OperatorSlot>,
+}
+
+/// The system's own operator process, and what starting it takes.
+struct OperatorSlot {
+    child: Mutex<Option<Child>>,
     /// Port of the running operator's HTTP server (`/metrics`, probes).
-    operator_http: Mutex<Option<u16>>,
-    operator_args: Vec<String>,
-    operator_kubeconfig: PathBuf,
+    http: Mutex<Option<u16>>,
+    args: Vec<String>,
+    kubeconfig: PathBuf,
+    logs: PathBuf,
+}
+
+impl OperatorSlot {
+    /// Start it (no-op if it runs).
+    fn start(&self) -> Result<()> {
+        let mut guard = self
+            .child
+            .lock()
+            .map_err(|_| anyhow!("operator state poisoned"))?;
+        if let Some(child) = guard.as_mut() {
+            if matches!(child.try_wait(), Ok(None)) {
+                return Ok(());
+            }
+        }
+        let http = crate::ports::free_ports(1)?[0];
+        let cmd = self.command("operator-e2e", &self.kubeconfig, http, "operator")?;
+        *guard = Some(spawn_tied(cmd).context("starting heterotrain-operator")?);
+        if let Ok(mut h) = self.http.lock() {
+            *h = Some(http);
+        }
+        Ok(())
+    }
+
+    /// Restart it if it exited on its own (not if it was stopped).
+    fn revive(&self) {
+        let exited = self
+            .child
+            .lock()
+            .ok()
+            .and_then(|mut g| g.as_mut().and_then(|c| c.try_wait().ok().flatten()));
+        if let Some(status) = exited {
+            eprintln!("operator exited ({status}); restarting it as its Deployment would");
+            if let Err(e) = self.start() {
+                eprintln!("restarting the operator: {e:#}");
+            }
+        }
+    }
+
+    /// The operator's command line with the system's flags, as replica
+    /// `identity` (its Lease holder name) with `kubeconfig`, serving HTTP
+    /// on `http`, logging to `logs/<log>.log`.
+    fn command(&self, identity: &str, kubeconfig: &Path, http: u16, log: &str) -> Result<Command> {
+        let bin =
+            crate::nodesim::container::find_program("heterotrain-operator").ok_or_else(|| {
+                anyhow!("heterotrain-operator binary not found (build the workspace)")
+            })?;
+        let log_path = self.logs.join(format!("{log}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let mut cmd = Command::new(bin);
+        cmd.args(&self.args)
+            .arg(format!("--http-addr=127.0.0.1:{http}"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
+            .env("POD_NAME", identity)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        Ok(cmd)
+    }
+}
+
+/// Watch the operator as its Deployment would: every second, restart it
+/// if it exited on its own (it exits on purpose when it cannot renew its
+/// leader Lease, e.g. while the API server is down or overloaded). Ends
+/// with the system.
+fn supervise(slot: Weak<OperatorSlot>) {
+    std::thread::spawn(move || {
+        while let Some(slot) = slot.upgrade() {
+            slot.revive();
+            drop(slot);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
 }
 
 impl System {
@@ -134,20 +220,25 @@ impl System {
         if let Some(p) = &prometheus {
             operator_args.push(format!("--prometheus-url={}", p.url()));
         }
+        let logs = cluster.state_dir().join("logs");
         let system = System {
             cluster,
             sim,
             prometheus,
-            operator: Mutex::new(None),
-            operator_http: Mutex::new(None),
-            operator_args,
-            operator_kubeconfig,
+            operator: Arc::new(OperatorSlot {
+                child: Mutex::new(None),
+                http: Mutex::new(None),
+                args: operator_args,
+                kubeconfig: operator_kubeconfig,
+                logs,
+            }),
         };
         if opts.operator {
             say("granting the operator its RBAC rules");
-            identity::setup_operator_identity(&system.cluster, &system.operator_kubeconfig).await?;
+            identity::setup_operator_identity(&system.cluster, &system.operator.kubeconfig).await?;
             say("starting heterotrain-operator");
             system.start_operator()?;
+            supervise(Arc::downgrade(&system.operator));
         }
         Ok(system)
     }
@@ -159,69 +250,16 @@ impl System {
 
     /// Start the real `heterotrain-operator` binary (no-op if it runs).
     pub fn start_operator(&self) -> Result<()> {
-        let mut guard = self
-            .operator
-            .lock()
-            .map_err(|_| anyhow!("operator state poisoned"))?;
-        if let Some(child) = guard.as_mut() {
-            if matches!(child.try_wait(), Ok(None)) {
-                return Ok(());
-            }
-        }
-        let http = crate::ports::free_ports(1)?[0];
-        let cmd =
-            self.operator_command("operator-e2e", &self.operator_kubeconfig, http, "operator")?;
-        *guard = Some(spawn_tied(cmd).context("starting heterotrain-operator")?);
-        if let Ok(mut h) = self.operator_http.lock() {
-            *h = Some(http);
-        }
-        Ok(())
-    }
-
-    /// The operator's command line with this system's flags, as replica
-    /// `identity` (its Lease holder name) with `kubeconfig`, serving HTTP
-    /// on `http`, logging to `logs/<log>.log`.
-    fn operator_command(
-        &self,
-        identity: &str,
-        kubeconfig: &Path,
-        http: u16,
-        log: &str,
-    ) -> Result<Command> {
-        let bin =
-            crate::nodesim::container::find_program("heterotrain-operator").ok_or_else(|| {
-                anyhow!("heterotrain-operator binary not found (build the workspace)")
-            })?;
-        let log_path = self
-            .cluster
-            .state_dir()
-            .join("logs")
-            .join(format!("{log}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)?;
-        let mut cmd = Command::new(bin);
-        cmd.args(&self.operator_args)
-            .arg(format!("--http-addr=127.0.0.1:{http}"))
-            .env("KUBECONFIG", kubeconfig)
-            .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
-            .env("POD_NAME", identity)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        Ok(cmd)
+        self.operator.start()
     }
 
     /// Start another operator replica, `identity`, with `kubeconfig` (see
     /// [`identity::replica_kubeconfig`]); its log is `logs/<identity>.log`.
     pub fn start_replica(&self, identity: &str, kubeconfig: &Path) -> Result<Replica> {
         let http = crate::ports::free_ports(1)?[0];
-        let cmd = self.operator_command(identity, kubeconfig, http, identity)?;
+        let cmd = self
+            .operator
+            .command(identity, kubeconfig, http, identity)?;
         Ok(Replica {
             identity: identity.to_string(),
             kubeconfig: kubeconfig.to_path_buf(),
@@ -233,24 +271,15 @@ impl System {
     /// Restart the operator if it exited on its own, as its Deployment
     /// would (it exits on purpose when it loses its leader Lease, e.g.
     /// while the API server is down). One stopped with
-    /// [`System::stop_operator`] stays stopped.
+    /// [`System::stop_operator`] stays stopped. A system started with its
+    /// operator also does this every second on its own.
     pub fn revive_operator(&self) {
-        let exited = self
-            .operator
-            .lock()
-            .ok()
-            .and_then(|mut g| g.as_mut().and_then(|c| c.try_wait().ok().flatten()));
-        if let Some(status) = exited {
-            eprintln!("operator exited ({status}); restarting it as its Deployment would");
-            if let Err(e) = self.start_operator() {
-                eprintln!("restarting the operator: {e:#}");
-            }
-        }
+        self.operator.revive();
     }
 
     /// The running operator's process id.
     pub fn operator_pid(&self) -> Option<u32> {
-        let mut g = self.operator.lock().ok()?;
+        let mut g = self.operator.child.lock().ok()?;
         let child = g.as_mut()?;
         matches!(child.try_wait(), Ok(None)).then(|| child.id())
     }
@@ -258,12 +287,12 @@ impl System {
     /// Port (on 127.0.0.1) of the running operator's HTTP server.
     pub fn operator_http_port(&self) -> Option<u16> {
         self.operator_pid()?;
-        *self.operator_http.lock().ok()?
+        *self.operator.http.lock().ok()?
     }
 
     /// SIGKILL the operator (a crash), or stop it gracefully.
     pub fn stop_operator(&self, kill: bool) {
-        if let Ok(mut g) = self.operator.lock() {
+        if let Ok(mut g) = self.operator.child.lock() {
             if let Some(mut child) = g.take() {
                 if kill {
                     let _ = child.kill();
