@@ -1,7 +1,8 @@
 //! The node simulator against the real control plane: the real scheduler
 //! binds pods to simulated nodes by nodeSelector / extended resources, and
 //! the simulator runs them as processes with resolved env, pod DNS, a CPU
-//! quota of node speed × CPU limit, kubelet-like status, and graceful deletion.
+//! quota of node speed × CPU limit (on the node's own CPUs where it names
+//! them), kubelet-like status, and graceful deletion.
 
 mod support;
 
@@ -52,11 +53,15 @@ fn phase(p: &Pod) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_pods_like_a_kubelet() {
+    // The slow node's pods run on one CPU of their own.
+    let own_cpu = *heterotrain_e2e::nodesim::config::usable_cpus()
+        .last()
+        .expect("a usable CPU");
     let mut bed = test_bed(SystemOptions {
         prometheus: true,
         ..SystemOptions::bare(
             "nodesim-test",
-            nodes("nodes:\n- {name: fast, speed: 1.0, cpu: '2'}\n- {name: slow, speed: 0.25, cpu: '2', gpus: 1, gpuProduct: NVIDIA-T4}\n"),
+            nodes(&format!("nodes:\n- {{name: fast, speed: 1.0, cpu: '2'}}\n- {{name: slow, speed: 0.25, cpu: '2', gpus: 1, gpuProduct: NVIDIA-T4, cpus: [{own_cpu}]}}\n")),
         )
     })
     .await;
@@ -134,6 +139,7 @@ getent hosts probe-0.probe.nodesim.svc | awk '{print "dns=" $1}'
 cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
 echo "quota=$(cat /sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup$(awk -F: '$1==0 {print $3}' /proc/self/cgroup)/cpu.max)"
 test -s "$KUBECONFIG" && echo kubeconfig=yes
+awk '/^Cpus_allowed_list/ {print "cpus=" $2}' /proc/self/status
 echo persisted > /ht-ckpt/marker && echo scratch > /ht-scratch/s && echo mounts=ok
 echo "bye from probe" > /dev/termination-log
 exit 3"#;
@@ -197,6 +203,10 @@ exit 3"#;
     assert!(
         log.contains(&format!("dns={ip}")),
         "pod DNS name did not resolve: {log}"
+    );
+    assert!(
+        log.lines().any(|l| l == format!("cpus={own_cpu}")),
+        "the pod did not run on its node's CPU {own_cpu} only: {log}"
     );
     assert!(log.contains("kubeconfig=yes"), "{log}");
     assert!(log.contains("mounts=ok"), "{log}");

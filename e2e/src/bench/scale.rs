@@ -38,6 +38,7 @@ pub fn nodes_for(pods: u32) -> NodesFile {
                 gpu_product: None,
                 max_pods: per_node,
                 run_processes: false,
+                cpus: Vec::new(),
             })
             .collect(),
     }

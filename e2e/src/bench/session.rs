@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 
 use super::analysis::{self, cluster_steps, summarise, ClusterStep};
 use super::runner::{BenchCluster, ThrottlePlan};
-use super::spec::{job, nodes_file, JobParams};
+use super::spec::{job, node_cpus, nodes_file, JobParams};
 use super::{ideal, report, split, BenchNode, ModelRun, Results, RunResult, Scenario, Series};
 
 /// What to train, from the command line.
@@ -24,6 +24,9 @@ pub struct TrainingOptions {
     pub rounds: u32,
     pub core_unit: f64,
     pub rebalance_interval: f64,
+    /// Give each node of a scenario CPUs of its own where there are enough
+    /// ([`super::spec::node_cpus`]).
+    pub own_cpus: bool,
     pub verbose: bool,
 }
 
@@ -262,7 +265,15 @@ pub async fn training(o: &TrainingOptions, st: &mut State, out: &Path) -> Result
         let dir = crate::datasets::dir(d)?;
         say(&format!("==> dataset {d}: {}", dir.display()));
     }
-    let nodes = nodes_file(&all_nodes);
+    let cpus = if o.own_cpus {
+        node_cpus(&o.scenarios, &crate::nodesim::config::usable_cpus())
+    } else {
+        BTreeMap::new()
+    };
+    for (node, c) in &cpus {
+        say(&format!("==> node {node}: CPUs {c:?} of its own"));
+    }
+    let nodes = nodes_file(&all_nodes, &cpus);
     say(&format!(
         "==> starting the local control plane with {} simulated nodes and the operator",
         nodes.nodes.len()

@@ -8,11 +8,12 @@ use anyhow::{bail, Context, Result};
 use heterotrain_crds::{labels, HeteroTrainingJob};
 use serde_json::json;
 
-use super::{BenchNode, ModelRun};
+use super::{BenchNode, ModelRun, Scenario};
 use crate::nodesim::{NodeConfig, NodesFile};
 
-/// Nodes for `nodes` (name, speed): CPU-only, room for a few pods each.
-pub fn nodes_file(nodes: &[BenchNode]) -> NodesFile {
+/// Nodes for `nodes` (name, speed): CPU-only, room for a few pods each,
+/// on the CPUs `cpus` gives them (any CPU where absent).
+pub fn nodes_file(nodes: &[BenchNode], cpus: &BTreeMap<String, Vec<usize>>) -> NodesFile {
     let mut seen = BTreeMap::new();
     for n in nodes {
         seen.entry(n.name.clone()).or_insert(n.speed);
@@ -21,6 +22,7 @@ pub fn nodes_file(nodes: &[BenchNode]) -> NodesFile {
         nodes: seen
             .into_iter()
             .map(|(name, speed)| NodeConfig {
+                cpus: cpus.get(&name).cloned().unwrap_or_default(),
                 name,
                 labels: BTreeMap::new(),
                 speed,
@@ -33,6 +35,46 @@ pub fn nodes_file(nodes: &[BenchNode]) -> NodesFile {
             })
             .collect(),
     }
+}
+
+/// CPUs for each node of every scenario. With no more nodes than `usable`
+/// has CPUs, node j of n gets the j-th of n equal runs of `usable` (on 2
+/// CPUs and 2 nodes, one each), as separate machines have CPUs of their
+/// own. With more nodes, each gets one CPU, the fastest first onto the
+/// CPU with the least speed on it so far, so that no node's quota is
+/// spread over several CPUs. A node in several scenarios keeps its first
+/// assignment.
+pub fn node_cpus(scenarios: &[Scenario], usable: &[usize]) -> BTreeMap<String, Vec<usize>> {
+    let mut out = BTreeMap::new();
+    if usable.is_empty() {
+        return out;
+    }
+    for sc in scenarios {
+        let n = sc.nodes.len();
+        if n == 0 {
+            continue;
+        }
+        if n <= usable.len() {
+            let k = usable.len() / n;
+            for (j, node) in sc.nodes.iter().enumerate() {
+                out.entry(node.name.clone())
+                    .or_insert_with(|| usable[j * k..(j + 1) * k].to_vec());
+            }
+            continue;
+        }
+        let mut load = vec![0.0f64; usable.len()];
+        let mut order: Vec<&BenchNode> = sc.nodes.iter().collect();
+        order.sort_by(|a, b| b.speed.total_cmp(&a.speed));
+        for node in order {
+            let c = (0..load.len())
+                .min_by(|a, b| load[*a].total_cmp(&load[*b]))
+                .unwrap_or(0);
+            load[c] += node.speed;
+            out.entry(node.name.clone())
+                .or_insert_with(|| vec![usable[c]]);
+        }
+    }
+    out
 }
 
 /// A job's spec for the bench: one single-replica group per node, pinned

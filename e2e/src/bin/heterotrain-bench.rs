@@ -64,6 +64,13 @@ struct Cli {
     /// The operator's --rebalance-interval, seconds.
     #[arg(long, default_value_t = 2.0)]
     rebalance_interval: f64,
+    /// Let every simulated node's pods run on any CPU. By default, in a
+    /// scenario with no more nodes than this machine has CPUs, each node
+    /// gets CPUs of its own (as separate machines have); with more nodes,
+    /// one CPU each, spread by speed: a CPU quota spread over shared CPUs
+    /// strands slices of it and slows every rank.
+    #[arg(long)]
+    shared_cpus: bool,
     /// Job counts for the operator scale test (8 ranks each).
     #[arg(long, value_delimiter = ',', default_value = "50,200,500")]
     scale_jobs: Vec<u32>,
@@ -143,6 +150,7 @@ fn training_options(cli: &Cli) -> TrainingOptions {
         rounds: cli.rounds.unwrap_or(if cli.quick { 1 } else { 3 }),
         core_unit: cli.core_unit,
         rebalance_interval: cli.rebalance_interval,
+        own_cpus: !cli.shared_cpus,
         verbose: cli.verbose,
     }
 }
@@ -166,6 +174,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
     let mut st = State::new(session::new_results(serde_json::json!({
         "core_unit": cli.core_unit,
         "rebalance_interval_seconds": cli.rebalance_interval,
+        "nodes_own_cpus": !cli.shared_cpus,
         "scrape_interval_seconds": 1,
         "quick": cli.quick,
         "rounds": opts.rounds,

@@ -11,6 +11,8 @@
 //!     gpus: 1
 //!     gpuProduct: NVIDIA-GeForce-RTX-3070
 //!     labels: {zone: lab}
+//!   - name: pinned
+//!     cpus: [1]             # this machine's CPUs its pods run on (default: any)
 //! ```
 
 use std::collections::BTreeMap;
@@ -56,6 +58,11 @@ pub struct NodeConfig {
     /// Run pods' processes (false: only report them Running, for scale tests).
     #[serde(default = "yes")]
     pub run_processes: bool,
+    /// This machine's CPUs (ids as the kernel numbers them) the node's pods
+    /// run on, as a separate machine's pods have CPUs of their own; empty:
+    /// any CPU, shared with every other node.
+    #[serde(default)]
+    pub cpus: Vec<usize>,
 }
 
 fn one() -> f64 {
@@ -110,8 +117,49 @@ impl NodesFile {
             if cpu_cores(&n.cpu).is_none() {
                 bail!("node {}: cpu {:?} is not a CPU quantity", n.name, n.cpu);
             }
+            if let Some(c) = n.cpus.iter().find(|c| **c >= libc::CPU_SETSIZE as usize) {
+                bail!("node {}: cpus: {c} is not a CPU id", n.name);
+            }
+            if !n.cpus.is_empty() {
+                let usable = usable_cpus();
+                if let Some(c) = n.cpus.iter().find(|c| !usable.contains(c)) {
+                    bail!(
+                        "node {}: cpus: CPU {c} is not one this process may run on (usable: {usable:?})",
+                        n.name
+                    );
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The CPUs this process may run on (its affinity mask), in order.
+pub fn usable_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|c| libc::CPU_ISSET(*c, &set))
+            .collect()
+    }
+}
+
+/// A CPU set holding `cpus` (ids below `CPU_SETSIZE`, checked by
+/// [`NodesFile::parse`]), for `sched_setaffinity`.
+pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET with ids
+    // below CPU_SETSIZE stays inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in cpus.iter().filter(|c| **c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(*c, &mut set);
+        }
+        set
     }
 }
 
@@ -131,5 +179,26 @@ mod tests {
         assert!(NodesFile::parse("nodes:\n- {name: A}\n").is_err());
         assert!(NodesFile::parse("nodes:\n- {name: a}\n- {name: a}\n").is_err());
         assert!(NodesFile::parse("nodes:\n- {name: a, typo: 1}\n").is_err());
+    }
+
+    #[test]
+    fn cpus_must_be_usable() {
+        let usable = usable_cpus();
+        assert!(!usable.is_empty());
+        let f =
+            NodesFile::parse(&format!("nodes:\n- {{name: a, cpus: [{}]}}\n", usable[0])).unwrap();
+        assert_eq!(f.nodes[0].cpus, vec![usable[0]]);
+        let e = NodesFile::parse("nodes:\n- {name: a, cpus: [100000]}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("not a CPU id"), "{e:#}");
+        let missing = (0..1024).find(|c| !usable.contains(c)).unwrap();
+        let e =
+            NodesFile::parse(&format!("nodes:\n- {{name: a, cpus: [{missing}]}}\n")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("not one this process may run on"),
+            "{e:#}"
+        );
+        let set = cpu_set(&[usable[0]]);
+        // SAFETY: reading a valid set.
+        assert!(unsafe { libc::CPU_ISSET(usable[0], &set) });
     }
 }

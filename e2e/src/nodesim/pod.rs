@@ -233,6 +233,20 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
             cmd.pre_exec(move || super::mounts::apply_in_child(&binds));
         }
     }
+    if !node.cpus.is_empty() {
+        let set = super::config::cpu_set(&node.cpus);
+        use std::os::unix::process::CommandExt;
+        // SAFETY: sched_setaffinity is a plain syscall on a set built
+        // before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     if let Some(cg) = &cgroup {
         let procs = cg.procs_cstr().clone();
         use std::os::unix::process::CommandExt;
