@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 
 use super::analysis::{self, cluster_steps, summarise, ClusterStep};
 use super::runner::{BenchCluster, ThrottlePlan};
-use super::spec::{job, node_cpus, nodes_file, JobParams};
+use super::spec::{job, node_cpus, nodes_file, JobParams, NodeCpus};
 use super::{ideal, report, split, BenchNode, ModelRun, Results, RunResult, Scenario, Series};
 
 /// What to train, from the command line.
@@ -24,9 +24,8 @@ pub struct TrainingOptions {
     pub rounds: u32,
     pub core_unit: f64,
     pub rebalance_interval: f64,
-    /// Give each node of a scenario CPUs of its own where there are enough
-    /// ([`super::spec::node_cpus`]).
-    pub own_cpus: bool,
+    /// Which CPUs the nodes' pods run on ([`super::spec::node_cpus`]).
+    pub node_cpus: NodeCpus,
     pub verbose: bool,
 }
 
@@ -265,13 +264,13 @@ pub async fn training(o: &TrainingOptions, st: &mut State, out: &Path) -> Result
         let dir = crate::datasets::dir(d)?;
         say(&format!("==> dataset {d}: {}", dir.display()));
     }
-    let cpus = if o.own_cpus {
-        node_cpus(&o.scenarios, &crate::nodesim::config::usable_cpus())
-    } else {
-        BTreeMap::new()
-    };
+    let cpus = node_cpus(
+        &o.scenarios,
+        &crate::nodesim::config::usable_cpus(),
+        o.node_cpus,
+    );
     for (node, c) in &cpus {
-        say(&format!("==> node {node}: CPUs {c:?} of its own"));
+        say(&format!("==> node {node}: runs on CPUs {c:?}"));
     }
     let nodes = nodes_file(&all_nodes, &cpus);
     say(&format!(

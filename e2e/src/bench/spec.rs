@@ -37,16 +37,32 @@ pub fn nodes_file(nodes: &[BenchNode], cpus: &BTreeMap<String, Vec<usize>>) -> N
     }
 }
 
-/// CPUs for each node of every scenario. With no more nodes than `usable`
-/// has CPUs, node j of n gets the j-th of n equal runs of `usable` (on 2
-/// CPUs and 2 nodes, one each), as separate machines have CPUs of their
-/// own. With more nodes, each gets one CPU, the fastest first onto the
-/// CPU with the least speed on it so far, so that no node's quota is
-/// spread over several CPUs. A node in several scenarios keeps its first
-/// assignment.
-pub fn node_cpus(scenarios: &[Scenario], usable: &[usize]) -> BTreeMap<String, Vec<usize>> {
+/// Which CPUs of this machine the simulated nodes' pods run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeCpus {
+    /// In a scenario with no more nodes than CPUs, each node on CPUs of
+    /// its own, as separate machines have; larger scenarios share every CPU.
+    Own,
+    /// As `own`, and in larger scenarios one CPU per node, the fastest
+    /// first onto the CPU with the least speed on it so far.
+    Spread,
+    /// Every pod on any CPU.
+    Shared,
+}
+
+/// CPUs for each node of every scenario under `mode`. With no more nodes
+/// than `usable` has CPUs, node j of n gets the j-th of n equal runs of
+/// `usable` (on 2 CPUs and 2 nodes, one each). With more nodes, under
+/// `Spread`, each gets one CPU, the fastest first onto the CPU with the
+/// least speed on it so far; otherwise none (any CPU). A node in several
+/// scenarios keeps its first assignment.
+pub fn node_cpus(
+    scenarios: &[Scenario],
+    usable: &[usize],
+    mode: NodeCpus,
+) -> BTreeMap<String, Vec<usize>> {
     let mut out = BTreeMap::new();
-    if usable.is_empty() {
+    if usable.is_empty() || mode == NodeCpus::Shared {
         return out;
     }
     for sc in scenarios {
@@ -60,6 +76,9 @@ pub fn node_cpus(scenarios: &[Scenario], usable: &[usize]) -> BTreeMap<String, V
                 out.entry(node.name.clone())
                     .or_insert_with(|| usable[j * k..(j + 1) * k].to_vec());
             }
+            continue;
+        }
+        if mode != NodeCpus::Spread {
             continue;
         }
         let mut load = vec![0.0f64; usable.len()];

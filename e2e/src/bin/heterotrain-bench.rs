@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use heterotrain_e2e::bench::session::{self, say, State, TrainingOptions};
+use heterotrain_e2e::bench::spec::NodeCpus;
 use heterotrain_e2e::bench::{
     self, analysis, ddp, model_runs, plots, report, scale, Results, POLICIES,
 };
@@ -64,13 +65,14 @@ struct Cli {
     /// The operator's --rebalance-interval, seconds.
     #[arg(long, default_value_t = 2.0)]
     rebalance_interval: f64,
-    /// Let every simulated node's pods run on any CPU. By default, in a
-    /// scenario with no more nodes than this machine has CPUs, each node
-    /// gets CPUs of its own (as separate machines have); with more nodes,
-    /// one CPU each, spread by speed: a CPU quota spread over shared CPUs
-    /// strands slices of it and slows every rank.
-    #[arg(long)]
-    shared_cpus: bool,
+    /// Which CPUs the simulated nodes' pods run on. `own` (default): in a
+    /// scenario with no more nodes than this machine has CPUs, each node on
+    /// CPUs of its own, as separate machines have (a CPU quota spread over
+    /// shared CPUs strands slices of it and slows every rank); larger
+    /// scenarios share every CPU. `spread`: as `own`, and in larger
+    /// scenarios one CPU per node, spread by speed. `shared`: any CPU.
+    #[arg(long, value_enum, default_value = "own")]
+    node_cpus: NodeCpus,
     /// Job counts for the operator scale test (8 ranks each).
     #[arg(long, value_delimiter = ',', default_value = "50,200,500")]
     scale_jobs: Vec<u32>,
@@ -150,7 +152,7 @@ fn training_options(cli: &Cli) -> TrainingOptions {
         rounds: cli.rounds.unwrap_or(if cli.quick { 1 } else { 3 }),
         core_unit: cli.core_unit,
         rebalance_interval: cli.rebalance_interval,
-        own_cpus: !cli.shared_cpus,
+        node_cpus: cli.node_cpus,
         verbose: cli.verbose,
     }
 }
@@ -174,7 +176,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
     let mut st = State::new(session::new_results(serde_json::json!({
         "core_unit": cli.core_unit,
         "rebalance_interval_seconds": cli.rebalance_interval,
-        "nodes_own_cpus": !cli.shared_cpus,
+        "node_cpus": format!("{:?}", cli.node_cpus).to_lowercase(),
         "scrape_interval_seconds": 1,
         "quick": cli.quick,
         "rounds": opts.rounds,

@@ -66,26 +66,31 @@ pub(crate) fn test_run(
 }
 
 #[test]
-fn nodes_get_cpus_of_their_own_or_one_each_spread_by_speed() {
+fn nodes_get_cpus_of_their_own_where_there_are_enough() {
+    use super::spec::{node_cpus, nodes_file, NodeCpus};
     let sc = scenarios();
-    let two = super::spec::node_cpus(&sc, &[0, 1]);
+    let two = node_cpus(&sc, &[0, 1], NodeCpus::Own);
     assert_eq!(two["two-fast"], vec![0]);
     assert_eq!(two["two-slow"], vec![1]);
     assert_eq!(two["crawl-slow"], vec![1]);
-    // 4 nodes on 2 CPUs: one CPU each, the speeds spread (1.0 + 0.25
-    // against 0.7 + 0.4).
-    assert_eq!(two["four-a"], vec![0]);
-    assert_eq!(two["four-b"], vec![1]);
-    assert_eq!(two["four-c"], vec![1]);
-    assert_eq!(two["four-d"], vec![0]);
-    let wide = super::spec::node_cpus(&sc, &(0..16).collect::<Vec<_>>());
+    // 4 nodes on 2 CPUs share both.
+    assert!(!two.contains_key("four-a"), "{two:?}");
+    // Spread: one CPU each, the speeds spread (1.0 + 0.25 against 0.7 + 0.4).
+    let spread = node_cpus(&sc, &[0, 1], NodeCpus::Spread);
+    assert_eq!(spread["two-slow"], vec![1]);
+    assert_eq!(spread["four-a"], vec![0]);
+    assert_eq!(spread["four-b"], vec![1]);
+    assert_eq!(spread["four-c"], vec![1]);
+    assert_eq!(spread["four-d"], vec![0]);
+    assert!(node_cpus(&sc, &[0, 1], NodeCpus::Shared).is_empty());
+    let wide = node_cpus(&sc, &(0..16).collect::<Vec<_>>(), NodeCpus::Own);
     assert_eq!(wide["two-fast"], (0..8).collect::<Vec<_>>());
     assert_eq!(wide["two-slow"], (8..16).collect::<Vec<_>>());
     assert_eq!(wide["four-d"], vec![12, 13, 14, 15]);
-    let file = super::spec::nodes_file(&sc[0].nodes, &two);
+    let file = nodes_file(&sc[0].nodes, &two);
     let fast = file.nodes.iter().find(|n| n.name == "two-fast").unwrap();
     assert_eq!(fast.cpus, vec![0]);
-    let one = super::spec::node_cpus(&sc, &[3]);
+    let one = node_cpus(&sc, &[3], NodeCpus::Spread);
     assert!(one.values().all(|c| c == &vec![3]), "{one:?}");
-    assert!(super::spec::node_cpus(&sc, &[]).is_empty());
+    assert!(node_cpus(&sc, &[], NodeCpus::Spread).is_empty());
 }
