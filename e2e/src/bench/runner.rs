@@ -210,10 +210,6 @@ impl BenchCluster {
             }
             if last_check.elapsed() >= Duration::from_millis(500) {
                 last_check = Instant::now();
-                // An operator that lost its Lease (an API server answering
-                // a renew too late on this loaded machine) exits; restart
-                // it as its Deployment would, or the job is never finished.
-                self.system.revive_operator();
                 if let Ok(j) = api.get(name).await {
                     let status = j.status.unwrap_or_default();
                     match status.phase.as_deref() {

@@ -86,6 +86,8 @@ pub struct System {
 /// The system's own operator process, and what starting it takes.
 struct OperatorSlot {
     child: Mutex<Option<Child>>,
+    /// Whether the thread that restarts it ([`supervise`]) runs.
+    supervised: std::sync::atomic::AtomicBool,
     /// Port of the running operator's HTTP server (`/metrics`, probes).
     http: Mutex<Option<u16>>,
     args: Vec<String>,
@@ -227,6 +229,7 @@ impl System {
             prometheus,
             operator: Arc::new(OperatorSlot {
                 child: Mutex::new(None),
+                supervised: Default::default(),
                 http: Mutex::new(None),
                 args: operator_args,
                 kubeconfig: operator_kubeconfig,
@@ -238,7 +241,6 @@ impl System {
             identity::setup_operator_identity(&system.cluster, &system.operator.kubeconfig).await?;
             say("starting heterotrain-operator");
             system.start_operator()?;
-            supervise(Arc::downgrade(&system.operator));
         }
         Ok(system)
     }
@@ -249,8 +251,20 @@ impl System {
     }
 
     /// Start the real `heterotrain-operator` binary (no-op if it runs).
+    /// From then on it is restarted within a second whenever it exits on
+    /// its own, as its Deployment would (it exits on purpose when it loses
+    /// its leader Lease, e.g. while the API server is down); one stopped
+    /// with [`System::stop_operator`] stays stopped.
     pub fn start_operator(&self) -> Result<()> {
-        self.operator.start()
+        self.operator.start()?;
+        if !self
+            .operator
+            .supervised
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            supervise(Arc::downgrade(&self.operator));
+        }
+        Ok(())
     }
 
     /// Start another operator replica, `identity`, with `kubeconfig` (see
@@ -266,15 +280,6 @@ impl System {
             child: Some(spawn_tied(cmd).context("starting an operator replica")?),
             exits: 0,
         })
-    }
-
-    /// Restart the operator if it exited on its own, as its Deployment
-    /// would (it exits on purpose when it loses its leader Lease, e.g.
-    /// while the API server is down). One stopped with
-    /// [`System::stop_operator`] stays stopped. A system started with its
-    /// operator also does this every second on its own.
-    pub fn revive_operator(&self) {
-        self.operator.revive();
     }
 
     /// The running operator's process id.
@@ -334,7 +339,6 @@ impl System {
         let api: Api<HeteroTrainingJob> = Api::namespaced(self.client().await?, ns);
         let (api, done) = (&api, &done);
         let waited = eventually(what, timeout, Duration::from_millis(500), || async move {
-            self.revive_operator();
             // The API server may be restarting: an error is another poll.
             let Ok(found) = api.get_opt(name).await else {
                 return Ok(None);
