@@ -240,7 +240,8 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
 }
 
 /// The chart's alert rules, evaluated by the live Prometheus (their `for:`
-/// shortened to 5 s, or the test would wait ten minutes), in the throttle
+/// shortened to 5 s and their 2-minute averages to the dashboard's rate
+/// interval, or the test would wait ten minutes), in the throttle
 /// scenario: a `static` job starts on two nodes of equal speed, and once
 /// it trains the `slow` node is throttled to 0.35. Equal batches then make
 /// rank 1 a straggler: the straggler alert fires for it and not for the
@@ -259,7 +260,7 @@ async fn straggler_alert_fires(
         .lines()
         .map(|l| match l.trim_start().strip_prefix("for: ") {
             Some(_) => format!("{}for: 5s", &l[..l.len() - l.trim_start().len()]),
-            None => l.to_string(),
+            None => l.replace("[2m]", &format!("[{RATE_INTERVAL}]")),
         })
         .collect::<Vec<_>>()
         .join("\n");

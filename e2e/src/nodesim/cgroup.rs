@@ -9,7 +9,27 @@ use anyhow::{Context, Result};
 
 /// A short period (10 ms) spreads the throttling evenly over steps of a few
 /// milliseconds; with the default 100 ms it lands in bursts.
+/// `HETEROTRAIN_NODESIM_CPU_PERIOD_US` sets another (1,000–1,000,000).
 const PERIOD_US: u64 = 10_000;
+
+/// The smallest quota the kernel takes, µs.
+const MIN_QUOTA_US: u64 = 1_000;
+
+/// The longest period the kernel takes, µs.
+const MAX_PERIOD_US: u64 = 1_000_000;
+
+/// The period quotas are set over: [`PERIOD_US`] unless
+/// `HETEROTRAIN_NODESIM_CPU_PERIOD_US` names another in range.
+fn base_period_us() -> u64 {
+    static P: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        std::env::var("HETEROTRAIN_NODESIM_CPU_PERIOD_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|p| (MIN_QUOTA_US..=MAX_PERIOD_US).contains(p))
+            .unwrap_or(PERIOD_US)
+    })
+}
 
 /// Which cgroup hierarchy this machine has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,10 +82,10 @@ impl Cgroup {
         let dir = parent.join(name);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating cgroup {}", dir.display()))?;
-        let quota = quota_us(cores);
+        let (quota, period) = quota_period_us(cores, base_period_us());
         match version {
             Version::V1 => {
-                std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
+                std::fs::write(dir.join("cpu.cfs_period_us"), period.to_string())?;
                 std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())
                     .with_context(|| format!("setting quota in {}", dir.display()))?;
             }
@@ -78,7 +98,7 @@ impl Cgroup {
                 ] {
                     let _ = std::fs::write(d.join("cgroup.subtree_control"), "+cpu");
                 }
-                std::fs::write(dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+                std::fs::write(dir.join("cpu.max"), format!("{quota} {period}"))
                     .with_context(|| format!("setting cpu.max in {}", dir.display()))?;
             }
             Version::Unavailable => {}
@@ -99,11 +119,12 @@ impl Cgroup {
 
     /// Change the quota to `cores` while processes run in the cgroup.
     pub fn set_cores(&self, cores: f64) -> Result<()> {
-        let quota = quota_us(cores);
+        let (quota, period) = quota_period_us(cores, base_period_us());
         if self.dir.join("cpu.max").exists() {
-            std::fs::write(self.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+            std::fs::write(self.dir.join("cpu.max"), format!("{quota} {period}"))
         } else {
-            std::fs::write(self.dir.join("cpu.cfs_quota_us"), quota.to_string())
+            std::fs::write(self.dir.join("cpu.cfs_period_us"), period.to_string())
+                .and_then(|()| std::fs::write(self.dir.join("cpu.cfs_quota_us"), quota.to_string()))
         }
         .with_context(|| format!("setting the quota of {}", self.dir.display()))
     }
@@ -114,9 +135,17 @@ impl Cgroup {
     }
 }
 
-/// CFS quota (µs per period) for `cores`, at least 1 ms.
-fn quota_us(cores: f64) -> u64 {
-    ((cores * PERIOD_US as f64) as u64).max(1000)
+/// CFS quota and period (µs) that grant `cores` over `period` µs. Where
+/// the quota would fall under the kernel's 1 ms the period grows instead,
+/// so a very slow node still gets its share and not 1 ms per period
+/// (0.05 cores over 10 ms: 1 ms per 20 ms, not 1 ms per 10 ms).
+fn quota_period_us(cores: f64, period: u64) -> (u64, u64) {
+    let quota = (cores * period as f64) as u64;
+    if quota >= MIN_QUOTA_US {
+        return (quota, period);
+    }
+    let longer = (MIN_QUOTA_US as f64 / cores.max(f64::MIN_POSITIVE)).ceil();
+    (MIN_QUOTA_US, (longer as u64).clamp(period, MAX_PERIOD_US))
 }
 
 /// Join the cgroup whose `cgroup.procs` is `procs`; async-signal-safe, for `pre_exec`.
@@ -135,4 +164,24 @@ pub fn join_from_child(procs: &CString) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_over_the_period_grants_the_cores() {
+        assert_eq!(quota_period_us(1.0, 10_000), (10_000, 10_000));
+        assert_eq!(quota_period_us(0.35, 10_000), (3_500, 10_000));
+        assert_eq!(quota_period_us(2.5, 10_000), (25_000, 10_000));
+        // Under the kernel's 1 ms the period grows: 0.05 cores stay 0.05.
+        assert_eq!(quota_period_us(0.05, 10_000), (1_000, 20_000));
+        assert_eq!(quota_period_us(0.05, 5_000), (1_000, 20_000));
+        let (q, p) = quota_period_us(0.003, 10_000);
+        assert_eq!(q, 1_000);
+        assert!((q as f64 / p as f64 - 0.003).abs() < 1e-6, "{q}/{p}");
+        // The kernel's longest period bounds it.
+        assert_eq!(quota_period_us(1e-9, 10_000), (1_000, MAX_PERIOD_US));
+    }
 }
