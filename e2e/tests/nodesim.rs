@@ -16,13 +16,15 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use support::*;
 
-/// Handles SIGTERM; prints its CPU quota (µs per period) every 100 ms.
+/// Handles SIGTERM; prints its CPU quota and period (µs) every 100 ms:
+/// `q=<quota> <period>` (v2's `cpu.max`, or v1's two files).
 const QUOTA_LOOP: &str = r#"trap 'echo got-term; exit 0' TERM
 echo started
 cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
 f=/sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us
 [ -f "$f" ] || f=/sys/fs/cgroup$(awk -F: '$1==0 {print $3}' /proc/self/cgroup)/cpu.max
-while true; do echo "q=$(cat $f)"; sleep 0.1; done"#;
+p=${f%/*}/cpu.cfs_period_us
+while true; do if [ -f "$p" ]; then echo "q=$(cat $f) $(cat $p)"; else echo "q=$(cat $f)"; fi; sleep 0.1; done"#;
 
 async fn wait_pod<F: Fn(&Pod) -> bool>(api: &Api<Pod>, name: &str, what: &str, f: F) -> Pod {
     let (f, what) = (&f, format!("pod {name} {what}"));
@@ -32,7 +34,8 @@ async fn wait_pod<F: Fn(&Pod) -> bool>(api: &Api<Pod>, name: &str, what: &str, f
     .await
 }
 
-/// The latest CPU quota `sleeper` printed is `q` (cgroup v2 adds the period).
+/// The latest CPU quota `sleeper` printed is `q` (`q=<quota>` or
+/// `q=<quota> <period>`).
 async fn wait_quota(log_path: &std::path::Path, q: &str) {
     let what = format!("{q:?} in {}", log_path.display());
     wait_for(&what, Duration::from_secs(20), || async move {
@@ -250,7 +253,11 @@ exit 3"#;
     assert_eq!(sim.speed("fast"), Some(1.0));
     assert_eq!(sim.set_speed("fast", 0.4).expect("set speed"), 1);
     assert_eq!(sim.speed("fast"), Some(0.4));
-    wait_quota(&sleeper_log, "q=4000").await;
+    wait_quota(&sleeper_log, "q=4000 10000").await;
+    // Slower than the kernel's 1 ms quota floor allows over 10 ms: the
+    // period grows, so the pod gets 0.05 of a core and not 0.1.
+    assert_eq!(sim.set_speed("fast", 0.05).expect("set speed"), 1);
+    wait_quota(&sleeper_log, "q=1000 20000").await;
     assert!(sim.set_speed("nowhere", 0.5).is_err());
     assert!(sim.set_speed("fast", 0.0).is_err());
     assert_eq!(sim.set_speed("fast", 1.0).expect("restore speed"), 1);

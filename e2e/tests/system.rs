@@ -640,8 +640,8 @@ async fn end_to_end() {
     .await;
 
     // 1b. a rank too slow to help is left out, then brought back: rank 1
-    // on `slow`, held to 0.1 core mid-run (the simulator's floor for a
-    // 1-core pod: 1 ms of every 10), costs more at one sample than rank 0
+    // on `slow`, held to 0.1 core mid-run (1 ms of every 10), costs more
+    // at one sample than rank 0
     // takes for the whole batch of 16, so it gets 0 samples; back at 0.33
     // it is re-admitted and trains again; the job still Succeeds.
     scenario(&system, "left-out", || async {
@@ -657,7 +657,7 @@ async fn end_to_end() {
             .map_err(|e| e.to_string())?;
         system
             .sim
-            .set_speed("slow", 0.02)
+            .set_speed("slow", 0.1)
             .map_err(|e| e.to_string())?;
         let out = heterotrain_e2e::wait::eventually(
             "rank 1 left out",
