@@ -760,7 +760,8 @@ fn alert_rules_pass_promtool_and_render_as_a_prometheus_rule() {
     registry.error("kube");
     let operator = registry.encode();
     let trainer = [
-        heterotrain_crds::metrics::LAST_STEP_COMPUTE_SECONDS,
+        heterotrain_crds::metrics::COMPUTE_SECONDS_TOTAL,
+        heterotrain_crds::metrics::STEPS_TOTAL,
         heterotrain_crds::metrics::LOCAL_BATCH_SIZE,
         heterotrain_crds::metrics::PLAN_REJECTED_TOTAL,
     ];
