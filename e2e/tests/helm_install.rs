@@ -470,7 +470,10 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
             ],
             "model": {"name": "mlp"},
             "dataset": {"name": "synthetic_image", "syntheticSamples": 2048},
-            "training": {"globalBatchSize": 32, "maxSteps": 60},
+            // Long enough that the operator, reading every second, sees a
+            // step while the ranks train: 60 steps were done within one
+            // second of the profiles on a fast machine.
+            "training": {"globalBatchSize": 32, "maxSteps": 1500},
             "loadBalancing": {"policy": "dynamic", "rebalanceIntervalSteps": 5}
         }
     });
