@@ -23,11 +23,18 @@ const MAX_PERIOD_US: u64 = 1_000_000;
 fn base_period_us() -> u64 {
     static P: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *P.get_or_init(|| {
-        std::env::var("HETEROTRAIN_NODESIM_CPU_PERIOD_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|p| (MIN_QUOTA_US..=MAX_PERIOD_US).contains(p))
-            .unwrap_or(PERIOD_US)
+        let Ok(v) = std::env::var("HETEROTRAIN_NODESIM_CPU_PERIOD_US") else {
+            return PERIOD_US;
+        };
+        match v.trim().parse::<u64>() {
+            Ok(p) if (MIN_QUOTA_US..=MAX_PERIOD_US).contains(&p) => p,
+            _ => {
+                eprintln!(
+                    "nodesim: warning: HETEROTRAIN_NODESIM_CPU_PERIOD_US={v:?} is not a whole number of µs in {MIN_QUOTA_US}..={MAX_PERIOD_US}; using {PERIOD_US}"
+                );
+                PERIOD_US
+            }
+        }
     })
 }
 
