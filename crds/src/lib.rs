@@ -15,7 +15,7 @@ pub mod trainer;
 pub use job::*;
 pub use plan::{BatchPlan, PlanError, PLAN_KEY};
 pub use profile::{DeviceInfo, DeviceKind, HardwareProfile, ProfileError, ProfilePoint};
-pub use run_policy::STOPPED_BY_SIGNAL;
+pub use run_policy::{finished_step, FINISHED_AT_STEP, STOPPED_BY_SIGNAL};
 pub use trainer::TrainerArgs;
 
 /// The CustomResourceDefinition as YAML, exactly as `make crds` writes it to

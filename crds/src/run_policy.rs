@@ -9,6 +9,24 @@ use serde::{Deserialize, Serialize};
 /// it exits 0 after its checkpoint, which is not the end of training.
 pub const STOPPED_BY_SIGNAL: &str = "heterotrain: stopped by signal";
 
+/// How a trainer that trained to the end begins its termination message,
+/// followed by the last step (`heterotrain: finished at step 1500`): the
+/// operator's `status.step` of a job that ended before the operator read
+/// any rank's metrics.
+pub const FINISHED_AT_STEP: &str = "heterotrain: finished at step";
+
+/// The step a [`FINISHED_AT_STEP`] termination message names; `None` for
+/// any other message.
+pub fn finished_step(message: &str) -> Option<u64> {
+    message
+        .trim_start()
+        .strip_prefix(FINISHED_AT_STEP)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Restarts, deadlines, clean-up and suspension.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -168,4 +186,28 @@ fn default_backoff() -> u32 {
 
 fn default_permanent_exit_codes() -> Vec<i32> {
     vec![2, 126, 127]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_step_reads_only_its_own_message() {
+        assert_eq!(
+            finished_step("heterotrain: finished at step 1500"),
+            Some(1500)
+        );
+        assert_eq!(
+            finished_step("  heterotrain: finished at step 7\n"),
+            Some(7)
+        );
+        assert_eq!(
+            finished_step("heterotrain: stopped by signal after step 9, checkpoint written"),
+            None
+        );
+        assert_eq!(finished_step("heterotrain: finished at step"), None);
+        assert_eq!(finished_step("heterotrain: finished at step -3"), None);
+        assert_eq!(finished_step("OOMKilled"), None);
+    }
 }

@@ -54,6 +54,8 @@ fn run(cli: Cli) {
                             cfg.dist.rank, s.steps
                         );
                         note_stop(s.steps);
+                    } else {
+                        note_finished(s.steps);
                     }
                 }
                 Err(e) => {
@@ -75,14 +77,27 @@ fn run(cli: Cli) {
 /// SIGTERM, not the end of training: the operator then recreates the gang
 /// without counting it toward `backoffLimit`.
 fn note_stop(steps: u64) {
+    termination_message(&format!(
+        "{} after step {steps}, checkpoint written",
+        heterotrain_crds::STOPPED_BY_SIGNAL
+    ));
+}
+
+/// In a pod, say in the termination message at which step training ended,
+/// so the job's `status.step` is right even when it ended before the
+/// operator read any rank's metrics.
+fn note_finished(steps: u64) {
+    termination_message(&format!("{} {steps}", heterotrain_crds::FINISHED_AT_STEP));
+}
+
+/// Write the container's termination message (`/dev/termination-log`, where
+/// the kubelet provides one; outside a pod there is none and nothing is
+/// written).
+fn termination_message(note: &str) {
     let path = std::path::Path::new("/dev/termination-log");
     if !path.exists() {
         return;
     }
-    let note = format!(
-        "{} after step {steps}, checkpoint written",
-        heterotrain_crds::STOPPED_BY_SIGNAL
-    );
     if let Err(e) = std::fs::write(path, note) {
         eprintln!("warning: cannot write {}: {e}", path.display());
     }

@@ -332,6 +332,9 @@ fn all_ranks_exiting_zero_succeeds_and_waits_for_the_ttl() {
     );
     assert_eq!(s.phase.as_deref(), Some("Succeeded"));
     assert_eq!(s.completion_time, Some(c.now.clone()));
+    // No metrics were ever read: the step is rank 0's termination message.
+    assert_eq!(c.job.status.as_ref().map(|s| s.step), Some(0));
+    assert_eq!(s.step, 100);
 }
 
 #[test]

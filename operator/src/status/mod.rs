@@ -186,13 +186,29 @@ pub fn next(
         }
     }
     if d.phase == JobPhase::Succeeded {
-        // The last scrape may predate the last step: a finished run did
-        // them all.
+        // The last scrape may predate the last step, or there was none (a
+        // run shorter than the first read): a finished run did them all,
+        // and its ranks say at which step they ended.
         if let Some(p) = &s.progress {
             s.step = s.step.max(p.total_steps);
         }
+        s.step = s.step.max(finished_step(obs, d.restarts).unwrap_or(0));
     }
     s
+}
+
+/// The last step the current gang's ranks name in their termination
+/// messages ([`heterotrain_crds::FINISHED_AT_STEP`]), if any does.
+fn finished_step(obs: &Observed, restart: u32) -> Option<u64> {
+    obs.pods
+        .iter()
+        .filter(|p| p.restart == Some(restart))
+        .filter_map(|p| {
+            p.message
+                .as_deref()
+                .and_then(heterotrain_crds::finished_step)
+        })
+        .max()
 }
 
 /// Each worker group's status: ready ranks of the current restart, batches
