@@ -272,7 +272,7 @@ impl LocalBalancer {
                     return None;
                 }
                 Some(BatchPlan {
-                    generation: current.generation + 1,
+                    generation: current.generation.saturating_add(1),
                     global_batch_size: current.global_batch_size,
                     batch_sizes: batches,
                     policy: self.policy.as_str().into(),

@@ -2,7 +2,8 @@
 //! same parameters as an uninterrupted run, skipping a truncated newest
 //! checkpoint; checkpoints of a different run (other batch size or model)
 //! are skipped and the run starts from step 0; a checkpoint whose weights
-//! fail to load falls back to the previous one; SIGTERM finishes the step,
+//! fail to load, or whose position is past the epoch, falls back to the
+//! previous one; SIGTERM finishes the step,
 //! checkpoints and exits 0; weights load in PyTorch under the model's names.
 
 mod common;
@@ -299,6 +300,48 @@ fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
     set_flag(&mut u, "--output-dir", &out_u.display().to_string());
     set_flag(&mut u, "--checkpoint-dir", &ck_u.display().to_string());
     run_ok(2, &u);
+    assert_same_weights(
+        &out_u.join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
+}
+
+/// A manifest whose position is past the epoch (a hand-edited one, or a
+/// version-1 manifest of a run over more samples) is passed over like a
+/// checkpoint that fails to load, not indexed into the epoch's order.
+#[test]
+fn a_position_past_the_epoch_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
+    let mut a = base(&out, &ck);
+    a.push("--no-profile".into());
+    set_flag(&mut a, "--max-steps", "20");
+    run_ok(1, &a);
+    let first = steps(&log_records(&out, 0)).len();
+    let mut m = manifest(&ck, 20);
+    m["position"]["step_in_epoch"] = 1_000_000_000_000_u64.into();
+    std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
+
+    let mut r = a.clone();
+    set_flag(&mut r, "--max-steps", "30");
+    r.extend(args(&["--resume", "auto"]));
+    let outs = run_ok(1, &r);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(err0.contains("past this run's"), "{err0}");
+    let numbers: Vec<u64> = new_steps(&out, first)
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        numbers,
+        (16..=30).collect::<Vec<_>>(),
+        "resumed after step 15"
+    );
+    let (out_u, ck_u) = (dir.path().join("u"), dir.path().join("ck-u"));
+    let mut u = r.clone();
+    set_flag(&mut u, "--output-dir", &out_u.display().to_string());
+    set_flag(&mut u, "--checkpoint-dir", &ck_u.display().to_string());
+    run_ok(1, &u);
     assert_same_weights(
         &out_u.join("model.safetensors"),
         &out.join("model.safetensors"),

@@ -119,7 +119,7 @@ pub fn born(
         .map(|s| s.plan_generation)
         .filter(|&g| g > 0);
     let last = stored_generation.max(status_generation);
-    let mut plan = equal(v, last.map_or(0, |g| g + 1));
+    let mut plan = equal(v, last.map_or(0, |g| g.saturating_add(1)));
     if v.policy == Policy::Static {
         return plan;
     }
@@ -156,7 +156,7 @@ pub fn advance(
     new: NewPlan,
 ) -> Result<BatchPlan, PlanError> {
     let plan = BatchPlan {
-        generation: current.generation + 1,
+        generation: current.generation.saturating_add(1),
         global_batch_size: current.global_batch_size,
         batch_sizes: new.batch_sizes,
         policy: new.policy.to_string(),

@@ -73,9 +73,11 @@ impl JobState {
     }
 
     /// Whether this state is of `v`'s current gang (not of an earlier job
-    /// with the same name, nor of a gang before a restart).
+    /// with the same name, nor of a gang before a restart) at `v`'s world
+    /// size (a changed `replicas` gets fresh per-rank state, never an
+    /// index past the old one's).
     pub fn belongs_to(&self, v: &ValidatedJob) -> bool {
-        self.uid == v.uid() && self.gang == v.gang()
+        self.uid == v.uid() && self.gang == v.gang() && self.last_samples.len() == v.ranks()
     }
 
     /// Names this gang in metric reads ([`super::collect`]).
@@ -89,5 +91,26 @@ impl JobState {
             plan: base.plan.or_else(|| self.extras.plan.clone()),
             ..self.extras.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture, valid};
+
+    #[test]
+    fn state_of_another_world_size_is_not_reused() {
+        let job = fixture("minimal.yaml");
+        let v = valid(&job);
+        let b = JobBalancer::new(&v, 8).expect("balancer");
+        let st = JobState::new(&v, b, Instant::now());
+        assert!(st.belongs_to(&v));
+        // replicas raised on the same gang: per-rank state is sized anew.
+        let mut grown = job.clone();
+        grown.spec.workers[0].replicas += 1;
+        let w = valid(&grown);
+        assert_eq!(w.ranks(), v.ranks() + 1);
+        assert!(!st.belongs_to(&w));
     }
 }

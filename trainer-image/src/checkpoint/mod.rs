@@ -191,7 +191,7 @@ fn check_files(dir: &Path, m: &Manifest) -> Result<(), String> {
                 f.name,
                 &sha[..12],
                 f.bytes,
-                &f.sha256[..f.sha256.len().min(12)]
+                f.sha256.chars().take(12).collect::<String>()
             ));
         }
     }

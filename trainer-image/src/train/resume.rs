@@ -4,7 +4,7 @@
 
 use crate::checkpoint;
 use crate::cli::ResumeMode;
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 use crate::sampler::SamplerPosition;
 
 use super::setup::broadcast_all;
@@ -84,7 +84,17 @@ impl Trainer<'_> {
         // The optimizer is whole (replicated) until the first step, so
         // these names are views of its own state.
         let optim_state = self.whole_optimizer_state(None)?;
+        let steps_per_epoch = self.p.steps_per_epoch;
         let found = checkpoint::resume(dir, fingerprint, |m| {
+            // A manifest from a run over more samples (version 1 has no
+            // fingerprint to tell) or edited by hand: its position is not
+            // one of this run's steps.
+            if m.position.step_in_epoch >= steps_per_epoch {
+                return Err(TrainerError::Checkpoint(format!(
+                    "its position (step {} of epoch {}) is past this run's {steps_per_epoch} steps per epoch",
+                    m.position.step_in_epoch, m.position.epoch
+                )));
+            }
             checkpoint::load_files(
                 dir,
                 &[(&m.weights, &self.p.all_vars), (&m.optimizer, &optim_state)],
