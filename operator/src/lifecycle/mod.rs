@@ -187,6 +187,21 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         ));
     }
 
+    // A rejected change of `spec.workers` leaves the gang as it was
+    // created: its world is the ranks it has, not the new spec's, so a rank
+    // the new spec adds is neither created into it nor taken for lost (a
+    // restart counted toward backoffLimit), and no plan of the new shape is
+    // balanced onto it.
+    let workers_changed = changed.contains(&"workers");
+    let world = if workers_changed {
+        current
+            .iter()
+            .filter_map(|p| p.rank)
+            .max()
+            .map_or(world, |r| r.saturating_add(1))
+    } else {
+        world
+    };
     let by_rank = |r: u32| current.iter().find(|p| p.rank == Some(r));
     let missing: Vec<u32> = (0..world).filter(|&r| by_rank(r).is_none()).collect();
     let started = current
@@ -294,7 +309,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
             }
         }
         d.phase = JobPhase::Running;
-        d.balance = true;
+        d.balance = !workers_changed;
         d.conditions.push(Desired::yes(
             types::RUNNING,
             reasons::PODS_RUNNING,

@@ -411,3 +411,48 @@ fn rank_bottlenecks_are_reported_while_running_and_dropped_after() {
         .rank_bottlenecks = measured.clone();
     assert!(with(&done).rank_bottlenecks.is_empty());
 }
+
+/// `replicas` changed under a running gang: reported, and the gang goes on
+/// as it was created — no rank created into it, none taken for lost, no
+/// restart, no plan of the new shape.
+#[test]
+fn changed_replicas_under_a_running_gang_leave_it_running() {
+    for replicas in [3, 1] {
+        let mut c = Case::load("running");
+        let hash = crate::build::hash::spec_hash(&c.job.spec);
+        for p in &mut c.pods {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    heterotrain_crds::labels::SPEC_HASH_ANNOTATION.into(),
+                    hash.clone(),
+                );
+        }
+        let (d, s) = c.run();
+        assert_eq!(d.phase, JobPhase::Running, "unchanged spec");
+        assert!(d.balance);
+        c.job.spec.workers[0].replicas = replicas;
+        let (d, s2) = c.run();
+        assert_eq!(d.phase, JobPhase::Running, "replicas {replicas}: {d:?}");
+        assert!(d.create_ranks.is_empty() && d.delete_pods.is_empty());
+        assert_eq!((d.restarts, s2.restarts), (0, s.restarts));
+        assert!(!d.balance, "no plan for {replicas} ranks onto a gang of 2");
+        let rejected = s2
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SpecChangeRejected")
+            .map(|c| (c.status.as_str(), c.message.as_str()));
+        assert!(
+            rejected.is_some_and(|(st, m)| st == "True" && m.contains("spec.workers")),
+            "{rejected:?}"
+        );
+        assert!(
+            s2.conditions
+                .iter()
+                .any(|c| c.type_ == "Running" && c.message == "all 2 ranks running"),
+            "{:?}",
+            s2.conditions
+        );
+    }
+}
