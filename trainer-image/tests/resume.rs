@@ -249,42 +249,31 @@ fn changed_model_width_skips_the_old_checkpoint_instead_of_failing() {
     assert_eq!(w["fc1.weight"].size()[0], 48);
 }
 
-#[test]
-fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
+/// Train 20 steps on `ranks` ranks (checkpoints every 5), let `spoil`
+/// change the checkpoint at step 20, then resume to step 30: the run must
+/// pass over step 20 (rank 0's stderr names why: `why`), resume after step
+/// 15 and end with the parameters of an uninterrupted 30-step run.
+fn spoilt_newest_falls_back_to_step_15(ranks: usize, why: &str, spoil: impl FnOnce(&Path)) {
     let dir = tempfile::tempdir().unwrap();
     let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
     let mut a = base(&out, &ck);
     a.push("--no-profile".into());
     set_flag(&mut a, "--max-steps", "20");
-    run_ok(2, &a);
+    run_ok(ranks, &a);
     assert_eq!(newest_ckpt_step(&ck), 20);
     let first = steps(&log_records(&out, 0)).len();
-
-    // Newest weights replaced by bytes that are no safetensors file, with
-    // the manifest's size and checksum updated: only loading can notice.
-    let w = ck.join("ckpt-0000000020.model.safetensors");
-    let junk = vec![0x5a_u8; 4096];
-    std::fs::write(&w, &junk).unwrap();
-    let sha: String = Sha256::digest(&junk)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let mut m = manifest(&ck, 20);
-    m["weights"]["bytes"] = junk.len().into();
-    m["weights"]["sha256"] = sha.into();
-    std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
+    spoil(&ck);
 
     let mut r = a.clone();
     set_flag(&mut r, "--max-steps", "30");
     r.extend(args(&["--resume", "auto"]));
-    let outs = run_ok(2, &r);
+    let outs = run_ok(ranks, &r);
     let err0 = String::from_utf8_lossy(&outs[0].stderr);
     assert!(
-        err0.contains("skipping checkpoint at step 20") && err0.contains("loading it failed"),
+        err0.contains("skipping checkpoint at step 20") && err0.contains(why),
         "{err0}"
     );
-    let resumed = new_steps(&out, first);
-    let numbers: Vec<u64> = resumed
+    let numbers: Vec<u64> = new_steps(&out, first)
         .iter()
         .map(|r| r["step"].as_u64().unwrap())
         .collect();
@@ -299,11 +288,30 @@ fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
     let mut u = r.clone();
     set_flag(&mut u, "--output-dir", &out_u.display().to_string());
     set_flag(&mut u, "--checkpoint-dir", &ck_u.display().to_string());
-    run_ok(2, &u);
+    run_ok(ranks, &u);
     assert_same_weights(
         &out_u.join("model.safetensors"),
         &out.join("model.safetensors"),
     );
+}
+
+#[test]
+fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
+    // Newest weights replaced by bytes that are no safetensors file, with
+    // the manifest's size and checksum updated: only loading can notice.
+    spoilt_newest_falls_back_to_step_15(2, "loading it failed", |ck| {
+        let w = ck.join("ckpt-0000000020.model.safetensors");
+        let junk = vec![0x5a_u8; 4096];
+        std::fs::write(&w, &junk).unwrap();
+        let sha: String = Sha256::digest(&junk)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut m = manifest(ck, 20);
+        m["weights"]["bytes"] = junk.len().into();
+        m["weights"]["sha256"] = sha.into();
+        std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
+    });
 }
 
 /// A manifest whose position is past the epoch (a hand-edited one, or a
@@ -311,41 +319,11 @@ fn weights_that_fail_to_load_fall_back_to_the_previous_checkpoint() {
 /// checkpoint that fails to load, not indexed into the epoch's order.
 #[test]
 fn a_position_past_the_epoch_falls_back_to_the_previous_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
-    let mut a = base(&out, &ck);
-    a.push("--no-profile".into());
-    set_flag(&mut a, "--max-steps", "20");
-    run_ok(1, &a);
-    let first = steps(&log_records(&out, 0)).len();
-    let mut m = manifest(&ck, 20);
-    m["position"]["step_in_epoch"] = 1_000_000_000_000_u64.into();
-    std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
-
-    let mut r = a.clone();
-    set_flag(&mut r, "--max-steps", "30");
-    r.extend(args(&["--resume", "auto"]));
-    let outs = run_ok(1, &r);
-    let err0 = String::from_utf8_lossy(&outs[0].stderr);
-    assert!(err0.contains("past this run's"), "{err0}");
-    let numbers: Vec<u64> = new_steps(&out, first)
-        .iter()
-        .map(|r| r["step"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        numbers,
-        (16..=30).collect::<Vec<_>>(),
-        "resumed after step 15"
-    );
-    let (out_u, ck_u) = (dir.path().join("u"), dir.path().join("ck-u"));
-    let mut u = r.clone();
-    set_flag(&mut u, "--output-dir", &out_u.display().to_string());
-    set_flag(&mut u, "--checkpoint-dir", &ck_u.display().to_string());
-    run_ok(1, &u);
-    assert_same_weights(
-        &out_u.join("model.safetensors"),
-        &out.join("model.safetensors"),
-    );
+    spoilt_newest_falls_back_to_step_15(1, "past this run's", |ck| {
+        let mut m = manifest(ck, 20);
+        m["position"]["step_in_epoch"] = 1_000_000_000_000_u64.into();
+        std::fs::write(ck.join("ckpt-0000000020.json"), m.to_string()).unwrap();
+    });
 }
 
 #[test]
