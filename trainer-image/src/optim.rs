@@ -109,7 +109,7 @@ impl Optimizer {
     /// decay, momentum, −lr. AdamW: 1 − lr·wd, β1, 1 − β1, β2, 1 − β2,
     /// 1 − β2ᵗ, ε, −lr / (1 − β1ᵗ).
     pub fn coefficients(&self, lr: f64) -> Vec<f64> {
-        let t = (self.steps + 1) as i32;
+        let t = self.steps.saturating_add(1) as i32;
         match self.kind {
             OptimizerKind::Adamw => {
                 let bc1 = 1.0 - self.beta1.powi(t);

@@ -100,7 +100,10 @@ impl LeaderElector {
         if !(ours || holder.is_none() || expired) {
             return Ok(false);
         }
-        let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
+        let transitions = spec
+            .lease_transitions
+            .unwrap_or(0)
+            .saturating_add(i32::from(!ours));
         let next = Lease {
             metadata: lease.metadata.clone(),
             spec: Some(self.spec(if ours { spec.acquire_time } else { None }, transitions)),

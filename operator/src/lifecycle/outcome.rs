@@ -192,22 +192,22 @@ pub(super) fn apply(d: &mut Decision, rp: &RunPolicy, current: &[&RankPod], caus
         Cause::Failure(why) => (why, false),
         Cause::Disruption(why) => (why, true),
     };
-    d.restarts = restarts + 1;
+    d.restarts = restarts.saturating_add(1);
     let msg = if disrupted {
-        d.disruptions = disruptions + 1;
+        d.disruptions = disruptions.saturating_add(1);
         format!(
             "{why}; recreating the gang from the latest checkpoint (restart {}; {counted} of backoffLimit {limit} used)",
-            restarts + 1
+            d.restarts
         )
     } else {
         let total = if disruptions > 0 {
-            format!("; restart {} in all", restarts + 1)
+            format!("; restart {} in all", d.restarts)
         } else {
             String::new()
         };
         format!(
             "{why}; recreating the gang from the latest checkpoint (restart {} of backoffLimit {limit}{total})",
-            counted + 1
+            counted.saturating_add(1)
         )
     };
     d.take_down(current, msg.clone());

@@ -32,8 +32,11 @@ pub fn parse_idx(bytes: &[u8], what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
             u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
         })
         .collect();
-    let count: usize = dims.iter().product();
-    if bytes.len() != header + count {
+    let count = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad(format!("dims {dims:?} overflow a byte count")))?;
+    if Some(bytes.len()) != header.checked_add(count) {
         return Err(bad(format!(
             "expected {} data bytes for dims {:?}, found {}",
             count,
@@ -117,5 +120,10 @@ mod tests {
         ok.pop();
         let e = parse_idx(&ok, "x").unwrap_err().to_string();
         assert!(e.contains("expected 3 data bytes"), "{e}");
+        // Dimensions whose product overflows: an error, not a panic.
+        let mut huge = vec![0, 0, 8, 3];
+        huge.extend([0xff_u8; 12]);
+        let e = parse_idx(&huge, "x").unwrap_err().to_string();
+        assert!(e.contains("overflow"), "{e}");
     }
 }

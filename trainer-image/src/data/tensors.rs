@@ -106,7 +106,9 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
             t.max().int64_value(&[])
         }
     };
-    let classes = max_label(&y).max(eval.as_ref().map_or(-1, |(_, ey)| max_label(ey))) + 1;
+    let classes = max_label(&y)
+        .max(eval.as_ref().map_or(-1, |(_, ey)| max_label(ey)))
+        .saturating_add(1);
     if classes < 2 {
         return Err(TrainerError::Data(format!(
             "{}: y has a single class; classification needs at least 2",

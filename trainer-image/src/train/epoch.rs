@@ -26,7 +26,7 @@ impl Trainer<'_> {
         }
         if epoch_end {
             self.pos = SamplerPosition {
-                epoch: self.pos.epoch + 1,
+                epoch: self.pos.epoch.saturating_add(1),
                 step_in_epoch: 0,
             };
         }
