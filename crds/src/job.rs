@@ -474,11 +474,15 @@ pub struct TrainingSpec {
     /// statistics are averaged across ranks, weighted by local batch.
     #[serde(default)]
     pub batch_norm: BatchNormMode,
-    /// Who runs the optimizer update. `proportional` (default): each rank
-    /// updates (and keeps optimizer state for) a contiguous share of the
-    /// parameters sized in proportion to its local batch, then broadcasts
-    /// it, so a slow rank pays little of the update. `replicated`: every
-    /// rank updates every parameter. Both give the same parameters.
+    /// Who runs the optimizer update. `fastest` (default): the ranks whose
+    /// local batch is within 10% of the largest (the fastest ranks under a
+    /// balanced plan) each update (and keep optimizer state for) a
+    /// contiguous share of the parameters sized in proportion to their
+    /// local batches, then send it to the others; slower ranks update
+    /// nothing, so none of the update's round trips waits on them.
+    /// `proportional`: every rank with samples owns a share in proportion
+    /// to its local batch. `replicated`: every rank updates every
+    /// parameter. All three give the same parameters.
     #[serde(default)]
     pub optimizer_sharding: OptimizerSharding,
 }
@@ -490,8 +494,11 @@ pub struct TrainingSpec {
 #[serde(rename_all = "lowercase")]
 #[value(rename_all = "snake_case")]
 pub enum OptimizerSharding {
-    /// Shares in proportion to the local batches.
+    /// Shares for the ranks within 10% of the largest local batch, in
+    /// proportion to their batches; the others own nothing.
     #[default]
+    Fastest,
+    /// Shares in proportion to the local batches.
     Proportional,
     /// Every rank updates everything.
     Replicated,
@@ -501,6 +508,7 @@ impl OptimizerSharding {
     /// The name as the trainer's `--optimizer-sharding` flag spells it.
     pub fn as_str(&self) -> &'static str {
         match self {
+            OptimizerSharding::Fastest => "fastest",
             OptimizerSharding::Proportional => "proportional",
             OptimizerSharding::Replicated => "replicated",
         }

@@ -7,14 +7,17 @@
 # BatchNorm: ours with --batch-norm sync vs local, paired the same way.
 # resnet18 runs ours with --batch-norm local against DDP (DDP's BatchNorm is
 # per rank too: the same maths). Then the sharded optimizer update against
-# the replicated one, paired the same way, also with a slow rank (0.3 core).
+# the replicated one, paired the same way, also with a slow rank (0.3 core),
+# and with that slow rank who owns the update: the fast rank alone
+# (fastest, the default) against shares by batch (proportional).
 # Last, a very slow rank (0.05 core) left out of the plan against the same
 # rank kept at 1 sample and against rank 0 training alone.
 #
 # env: RUNS (5), THREADS (1 per rank), TRAINER (release binary path),
 #      HETEROTRAIN_PYTHON (python with torch 2.11), ONLY=ddp (the first two
 #      tables alone: ours vs DDP, the update inside vs after backward),
-#      ONLY=leave-out (the 0.05-core left-out rank's table alone)
+#      ONLY=leave-out (the 0.05-core left-out rank's table alone),
+#      ONLY=owners (the slow rank's owners table alone)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -83,7 +86,7 @@ paired() {
     "$(printf '%s\n' "${rs[@]}" | median)" "$(printf '%s\n' "${rs[@]}" | minmax)"
 }
 
-if [ "${ONLY:-}" != leave-out ]; then
+if [ "${ONLY:-}" != leave-out ] && [ "${ONLY:-}" != owners ]; then
 echo "ours vs PyTorch DDP (2 ranks, $threads thread(s) each, $runs interleaved pairs)"
 printf '| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
 paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ddp resnet18 64 15 3"
@@ -117,7 +120,7 @@ slow_cgroup() { # quota-us period-us
   fi
 }
 # At 0.3 core the update's cost on the slow rank shows.
-if [ "${ONLY:-}" != leave-out ]; then
+if [ "${ONLY:-}" != leave-out ] && [ "${ONLY:-}" != ddp ]; then
 if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   export SLOW_CGROUP
   plan="$tmp/plan-52-12.json"
@@ -125,7 +128,16 @@ if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; t
   echo
   echo "the same with rank 1 at 0.3 core, plan 52 / 12 (ours, $runs interleaved pairs)"
   printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
-  paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding replicated"
+  if [ "${ONLY:-}" != owners ]; then
+    paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding replicated"
+  fi
+  plan128="$tmp/plan-104-24.json"
+  echo '{"generation":0,"globalBatchSize":128,"batchSizes":[104,24]}' > "$plan128"
+  echo
+  echo "who updates, rank 1 at 0.3 core: the fast rank alone (fastest, the default) vs shares by batch (proportional) (ours, $runs interleaved pairs)"
+  printf '| model, split | fastest samples/s | proportional samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+  paired "simple_cnn, 104 / 24" "ours simple_cnn 128 150 10 --plan-file $plan128" "ours simple_cnn 128 150 10 --plan-file $plan128 --optimizer-sharding proportional"
+  paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding proportional"
   rmdir "$SLOW_CGROUP" 2>/dev/null || true
 else
   echo
@@ -137,7 +149,7 @@ fi
 # against rank 0 training alone (the best subset), and against the same
 # plan with every control word waited at the end of its own step
 # (--control-lag-steps 0: the left-out rank's CPU quota then stalls rank 0).
-if SLOW_CGROUP=$(slow_cgroup 1000 20000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
+if [ "${ONLY:-}" != owners ] && SLOW_CGROUP=$(slow_cgroup 1000 20000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
   export SLOW_CGROUP
   out_plan="$tmp/plan-256-0.json" keep_plan="$tmp/plan-255-1.json"
   echo '{"generation":0,"globalBatchSize":256,"batchSizes":[256,0]}' > "$out_plan"

@@ -4,17 +4,19 @@
 //! Every trainable parameter lives in one flat buffer (each parameter's
 //! data is a view of it, so the model is unchanged). Rank r owns the
 //! contiguous range `[lo_r, hi_r)` of that buffer, its length proportional
-//! to b_r: after the gradient all-reduce every rank holds the whole summed
-//! gradient, but only the owner updates (and keeps optimizer state for)
-//! each element; the owners then broadcast their ranges. A rank with a
-//! small batch (a slow rank, under a balanced plan) updates little, one
-//! with no samples nothing. The update is element-wise, so each element
+//! to its weight ([`owner_weights`]: b_r, or under `fastest` 0 for a rank
+//! well below the largest batch): after the gradient all-reduce every rank
+//! holds the whole summed gradient, but only the owner updates (and keeps
+//! optimizer state for) each element; the owners then broadcast their
+//! ranges. A rank with a small batch (a slow rank, under a balanced plan)
+//! updates little or nothing, one with no samples nothing. The update is element-wise, so each element
 //! sees the same arithmetic as in one process: the maths stays exact.
 //! When the plan changes the ranges move with it ([`Layout::for_plan`]).
 
 use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{PendingWork, ProcessGroup};
+use crate::cli::OptimizerSharding;
 use crate::error::{Result, TrainerError};
 
 /// Every trainable parameter in one contiguous 1-D buffer.
@@ -150,12 +152,12 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// Ranges in proportion to the plan's local batches (`sharded`), or the
-    /// whole buffer on every rank.
-    pub fn for_plan(len: i64, batch_sizes: &[u32], sharded: bool) -> Layout {
-        if sharded && batch_sizes.len() > 1 {
+    /// The ranges for a plan under `sharding`: in proportion to the owners'
+    /// local batches ([`owner_weights`]), or the whole buffer on every rank.
+    pub fn for_plan(len: i64, batch_sizes: &[u32], sharding: OptimizerSharding) -> Layout {
+        if sharding != OptimizerSharding::Replicated && batch_sizes.len() > 1 {
             Layout::Sharded {
-                bounds: proportional_bounds(len, batch_sizes),
+                bounds: proportional_bounds(len, &owner_weights(batch_sizes, sharding)),
             }
         } else {
             Layout::Replicated { len }
@@ -260,6 +262,28 @@ impl Layout {
 
 /// Contiguous ranges of `len` elements, rank r's of length ≈ len·b_r/B
 /// (boundaries floor(len·Σ_{q<r} b_q / B); equal ranges when B is 0).
+/// Under `fastest`, a rank owns a share only if its local batch is at least
+/// this fraction of the largest.
+pub const FASTEST_FRACTION: f64 = 0.9;
+
+/// Each rank's weight in the shares of the update: its local batch, or 0
+/// under `fastest` for a rank whose batch is under [`FASTEST_FRACTION`] of
+/// the largest. Every owner adds a round trip to the end of the step (the
+/// gradient sums to it, its updated values back), and a slow rank's round
+/// trip is the longest: its CPU is the scarcest (a CPU quota's next period,
+/// or a busy device), so under a balanced plan the update goes to the
+/// fastest ranks.
+pub fn owner_weights(batch_sizes: &[u32], sharding: OptimizerSharding) -> Vec<u32> {
+    let largest = f64::from(batch_sizes.iter().copied().max().unwrap_or(0));
+    batch_sizes
+        .iter()
+        .map(|&b| match sharding {
+            OptimizerSharding::Fastest if f64::from(b) < FASTEST_FRACTION * largest => 0,
+            _ => b,
+        })
+        .collect()
+}
+
 pub fn proportional_bounds(len: i64, weights: &[u32]) -> Vec<(i64, i64)> {
     let n = weights.len();
     let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
@@ -292,18 +316,44 @@ mod tests {
 
     #[test]
     fn layout_for_plan() {
+        use OptimizerSharding::{Fastest, Proportional, Replicated};
         assert_eq!(
-            Layout::for_plan(100, &[3, 1], false),
+            Layout::for_plan(100, &[3, 1], Replicated),
             Layout::Replicated { len: 100 }
         );
         assert_eq!(
-            Layout::for_plan(100, &[4], true),
+            Layout::for_plan(100, &[4], Fastest),
             Layout::Replicated { len: 100 }
         );
-        let l = Layout::for_plan(100, &[3, 1], true);
+        let l = Layout::for_plan(100, &[3, 1], Proportional);
         assert_eq!(l.own(0), (0, 75));
         assert_eq!(l.own(1), (75, 100));
         assert_eq!(l.own(7), (0, 0));
+        // Fastest: the rank at a third of the largest batch owns nothing.
+        let l = Layout::for_plan(100, &[3, 1], Fastest);
+        assert_eq!((l.own(0), l.own(1)), ((0, 100), (100, 100)));
+        // Ranks within 10% of the largest share in proportion.
+        let l = Layout::for_plan(100, &[50, 46, 4], Fastest);
+        assert_eq!(
+            (l.own(0), l.own(1), l.own(2)),
+            ((0, 52), (52, 100), (100, 100))
+        );
+        let l = Layout::for_plan(128, &[64, 64], Fastest);
+        assert_eq!((l.own(0), l.own(1)), ((0, 64), (64, 128)));
+    }
+
+    #[test]
+    fn owner_weights_keep_ranks_near_the_largest_batch() {
+        use OptimizerSharding::{Fastest, Proportional};
+        assert_eq!(owner_weights(&[104, 24], Fastest), vec![104, 0]);
+        assert_eq!(owner_weights(&[104, 24], Proportional), vec![104, 24]);
+        // 90% of the largest is in, just under it is out.
+        assert_eq!(
+            owner_weights(&[100, 90, 89, 0], Fastest),
+            vec![100, 90, 0, 0]
+        );
+        // A rank left out (0) and equal ranks.
+        assert_eq!(owner_weights(&[0, 7, 7], Fastest), vec![0, 7, 7]);
     }
 
     #[test]

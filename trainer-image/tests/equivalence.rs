@@ -266,11 +266,12 @@ fn equivalence_gpt_on_text_adamw_two_unequal_ranks() {
     );
 }
 
-/// The sharded optimizer update (the default): 3 ranks (16, 8, 8) then
-/// (20, 9, 3) from a mid-run re-split, across an epoch boundary, for SGD
-/// with momentum and weight decay and for AdamW, end with the parameters of
-/// one process with B = 32; the shards really were unequal and moved with
-/// the plan.
+/// The sharded optimizer update (the default, `fastest`): 3 ranks
+/// (16, 15, 1) then (20, 9, 3) from a mid-run re-split, across an epoch
+/// boundary, for SGD with momentum and weight decay and for AdamW, end with
+/// the parameters of one process with B = 32; the shards really were
+/// unequal (two owners and a rank with samples that owns nothing, then one
+/// owner) and moved with the plan.
 #[test]
 fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
     for (opt, lr) in [("sgd", "0.005"), ("adamw", "0.001")] {
@@ -289,7 +290,7 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
 
         let out = dir.path().join("multi");
         let plan = dir.path().join("plan.json");
-        write_plan(&plan, 0, &[16, 8, 8]);
+        write_plan(&plan, 0, &[16, 15, 1]);
         let mut a = with(&out);
         a.extend(path_arg("--plan-file", &plan));
         a.extend(args(&["--step-sleep-ms", "150"]));
@@ -301,8 +302,7 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
         write_plan(&plan, 1, &[20, 9, 3]);
         assert_all_ok(&wait_all(children, Duration::from_secs(120)));
         let got = load_weights(&out.join("model.safetensors"));
-        let d = max_abs_diff(&want, &got);
-        assert!(d <= 1e-5, "{opt}: max |Δparam| = {d:e}");
+        assert_same_parameters(&want, &got, opt, opt);
 
         let logs: Vec<Vec<serde_json::Value>> = (0..3)
             .map(|r| steps(&log_records(&out, r)).into_iter().cloned().collect())
@@ -326,25 +326,23 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
         );
         let last = logs[0].len() - 1;
         assert_eq!(field(0, last, "generation"), 1, "{opt}: never re-split");
-        // Shards: proportional to the batches, tiling every parameter.
+        // Shards: the ranks within 10% of the largest batch own parts in
+        // proportion to their batches, tiling every parameter.
         let shards =
             |i: usize| -> Vec<u64> { (0..3).map(|r| field(r, i, "optimizer_elements")).collect() };
         let (first, end) = (shards(0), shards(last));
         let total: u64 = first.iter().sum();
         assert_eq!(end.iter().sum::<u64>(), total, "{opt}: {first:?} {end:?}");
         assert!(
-            first[1].abs_diff(first[2]) <= 1 && first[0].abs_diff(2 * first[1]) <= 2,
-            "{opt}: (16, 8, 8) shards {first:?}"
+            first[0] > first[1] && first[2] == 0,
+            "{opt}: (16, 15, 1) shards {first:?}"
         );
         assert!(
-            end[0] > end[1] && end[1] > end[2] && end[2] > 0,
-            "{opt}: (20, 9, 3) shards {end:?}"
+            (first[1] as f64 / total as f64 - 15.0 / 31.0).abs() < 1e-3,
+            "{opt}: rank 1 updates {} of {total}",
+            first[1]
         );
-        assert!(
-            (end[2] as f64 / total as f64 - 3.0 / 32.0).abs() < 1e-3,
-            "{opt}: rank 2 updates {} of {total}",
-            end[2]
-        );
+        assert_eq!(end, vec![total, 0, 0], "{opt}: (20, 9, 3) shards");
     }
 }
 
@@ -401,8 +399,7 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
         write_plan(&plan, 2, &[20, 9, 3]);
         assert_all_ok(&wait_all(children, Duration::from_secs(120)));
         let got = load_weights(&out.join("model.safetensors"));
-        let d = max_abs_diff(&want, &got);
-        assert!(d <= 1e-5, "{what}: max |Δparam| = {d:e}");
+        assert_same_parameters(&want, &got, opt, &what);
 
         let logs: Vec<Vec<serde_json::Value>> = (0..3)
             .map(|r| steps(&log_records(&out, r)).into_iter().cloned().collect())
@@ -425,6 +422,23 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
         let last = &logs[1][logs[1].len() - 1];
         assert_eq!(last["generation"], 2, "{what}: never brought back");
         assert_eq!(last["batch_size"], 9, "{what}: {last}");
+        if sharding == "proportional" {
+            // Every rank with samples owns a part in proportion to its batch.
+            let end: Vec<u64> = logs
+                .iter()
+                .map(|l| l[l.len() - 1]["optimizer_elements"].as_u64().unwrap())
+                .collect();
+            let total: u64 = end.iter().sum();
+            assert!(
+                end[0] > end[1] && end[1] > end[2] && end[2] > 0,
+                "{what}: (20, 9, 3) shards {end:?}"
+            );
+            assert!(
+                (end[2] as f64 / total as f64 - 3.0 / 32.0).abs() < 1e-3,
+                "{what}: rank 2 updates {} of {total}",
+                end[2]
+            );
+        }
         // Each rank evaluates a third of the held-out set: rank 1 caught up
         // before evaluating, so the losses are one process's.
         let evals = |dir: &Path| -> Vec<f64> {

@@ -63,13 +63,15 @@ fn newest_ckpt_step(dir: &Path) -> u64 {
 #[test]
 fn sigkill_then_resume_auto_matches_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
-    // Unequal ranks: the optimizer state is sharded 17 : 7 and has to be
+    // Unequal ranks: the optimizer state is sharded 17 : 7 (proportional:
+    // under the default only rank 0 would own a part) and has to be
     // gathered into each checkpoint and re-split on resume.
     let plan = dir.path().join("plan.json");
     write_plan(&plan, 0, &[17, 7]);
     let base = |out: &Path, ck: &Path| {
         let mut a = base(out, ck);
         a.extend(path_arg("--plan-file", &plan));
+        a.extend(args(&["--optimizer-sharding", "proportional"]));
         a
     };
     let (out_a, ck_a) = (dir.path().join("a"), dir.path().join("ck-a"));

@@ -106,11 +106,13 @@ pub struct OptimArgs {
     /// Optimizer.
     #[arg(long, value_enum, default_value = "sgd")]
     pub optimizer: Optimizer,
-    /// Who runs the optimizer update: `proportional` shards it (and its
-    /// state) across ranks in proportion to their local batches, so a slow
-    /// rank updates little; `replicated` updates everything on every rank.
-    /// The result is the same either way.
-    #[arg(long, value_enum, default_value = "proportional", env = env::OPTIMIZER_SHARDING)]
+    /// Who runs the optimizer update: `fastest` shards it (and its state)
+    /// across the ranks whose local batch is within 10% of the largest, in
+    /// proportion to their batches, so slow ranks update nothing;
+    /// `proportional` shards it across every rank with samples in
+    /// proportion to its batch; `replicated` updates everything on every
+    /// rank. The result is the same either way.
+    #[arg(long, value_enum, default_value = "fastest", env = env::OPTIMIZER_SHARDING)]
     pub optimizer_sharding: OptimizerSharding,
     /// Run the sharded optimizer update after backward, as one pass
     /// followed by the owners' broadcasts, instead of inside backward

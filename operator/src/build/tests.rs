@@ -231,7 +231,7 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         ("--schedule", "cosine"),
         ("--warmup-steps", "10"),
         ("--seed", "7"),
-        ("--optimizer-sharding", "proportional"),
+        ("--optimizer-sharding", "fastest"),
         ("--backend", "gloo"),
         ("--device", "cpu"),
         ("--threads", "2"),

@@ -26,7 +26,7 @@ use typed_arena::Arena;
 
 use crate::c10d::{self, ProcessGroup, Reducer, SlotBinding};
 use crate::checkpoint::{self, Snapshot};
-use crate::cli::{BalancerMode, OptimizerSharding, TrainerArgs};
+use crate::cli::{BalancerMode, TrainerArgs};
 use crate::control;
 use crate::error::{Result, TrainerError};
 use crate::local_balance::{self, Interval, LocalBalancer};
@@ -266,11 +266,6 @@ impl<'a> Trainer<'a> {
             self.balancer = Some(lb);
         }
         Ok(())
-    }
-
-    /// Whether the update is sharded by local batch.
-    fn sharded(&self) -> bool {
-        self.cfg.optim.optimizer_sharding == OptimizerSharding::Proportional
     }
 
     /// The whole optimizer state, named per parameter. Collective under a

@@ -79,7 +79,11 @@ impl<'a> Trainer<'a> {
         }
         // The optimizer ranges follow the plan (the state moves with them).
         let len = self.p.flat.len();
-        let wanted = Layout::for_plan(len, &self.plan.batch_sizes, self.sharded());
+        let wanted = Layout::for_plan(
+            len,
+            &self.plan.batch_sizes,
+            self.cfg.optim.optimizer_sharding,
+        );
         if wanted != self.layout || joining {
             let whole = self.opt.gather(self.pg, rank, &self.layout, len)?;
             if joining && matches!(self.layout, Layout::Replicated { .. }) {
