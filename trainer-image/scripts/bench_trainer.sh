@@ -45,7 +45,10 @@ ours() { # model batch steps warmup extra...
     (
       # SLOW_CGROUP: rank 1 runs in this CPU-quota cgroup (the slow node).
       if [ "$r" = 1 ] && [ -n "${SLOW_CGROUP:-}" ]; then echo "$BASHPID" > "$SLOW_CGROUP/cgroup.procs"; fi
-      exec env RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$trainer" train \
+      # FAST_CGROUP: rank 0's; PIN=1: rank r on CPU r (nodes on CPUs of their own).
+      if [ "$r" = 0 ] && [ -n "${FAST_CGROUP:-}" ]; then echo "$BASHPID" > "$FAST_CGROUP/cgroup.procs"; fi
+      pin=(); if [ -n "${PIN:-}" ]; then pin=(taskset -c "$r"); fi
+      exec env RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "${pin[@]}" "$trainer" train \
         --model "$model" --dataset synthetic_image --synthetic-samples 4096 --batch-size "$b" \
         --max-steps $((steps + warm)) --epochs 1000 --lr 0.01 --threads "$threads" \
         --metrics-port 0 --output-dir "$out" "$@" 2>/dev/null
@@ -125,24 +128,40 @@ if SLOW_CGROUP=$(slow_cgroup 3000 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; t
   export SLOW_CGROUP
   plan="$tmp/plan-52-12.json"
   echo '{"generation":0,"globalBatchSize":64,"batchSizes":[52,12]}' > "$plan"
-  echo
-  echo "the same with rank 1 at 0.3 core, plan 52 / 12 (ours, $runs interleaved pairs)"
-  printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
   if [ "${ONLY:-}" != owners ]; then
+    echo
+    echo "the same with rank 1 at 0.3 core, plan 52 / 12 (ours, $runs interleaved pairs)"
+    printf '| model, split | sharded samples/s | replicated samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
     paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding replicated"
   fi
-  plan128="$tmp/plan-104-24.json"
-  echo '{"generation":0,"globalBatchSize":128,"batchSizes":[104,24]}' > "$plan128"
-  echo
-  echo "who updates, rank 1 at 0.3 core: the fast rank alone (fastest, the default) vs shares by batch (proportional) (ours, $runs interleaved pairs)"
-  printf '| model, split | fastest samples/s | proportional samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
-  paired "simple_cnn, 104 / 24" "ours simple_cnn 128 150 10 --plan-file $plan128" "ours simple_cnn 128 150 10 --plan-file $plan128 --optimizer-sharding proportional"
-  paired "resnet18, 52 / 12" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan" "ours resnet18 64 6 2 --batch-norm local --plan-file $plan --optimizer-sharding proportional"
   rmdir "$SLOW_CGROUP" 2>/dev/null || true
 else
   echo
   echo "(no writable cgroup: the slow-rank comparisons are skipped)"
 fi
+fi
+# Who updates, on two simulated nodes as in `make bench`'s two-node
+# scenario: rank 0 at 0.6 core on CPU 0, rank 1 at a smaller quota on CPU 1.
+# The fast rank alone (fastest, the default) against shares by batch
+# (proportional), each plan balanced for its rank 1 speed.
+if [ "${ONLY:-}" != leave-out ] && [ "${ONLY:-}" != ddp ] && [ "$(nproc)" -ge 2 ] \
+  && FAST_CGROUP=$(slow_cgroup 6000 10000 2>/dev/null) && [ -n "$FAST_CGROUP" ]; then
+  export FAST_CGROUP PIN=1
+  echo
+  echo "who updates: rank 0 at 0.6 core on CPU 0, rank 1 on CPU 1; fastest (rank 0 updates everything) vs proportional (ours, simple_cnn, B 128, $runs interleaved pairs)"
+  printf '| rank 1, split | fastest samples/s | proportional samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+  for q in "2000 104 24" "3600 80 48" "4700 72 56"; do
+    set -- $q
+    if SLOW_CGROUP=$(slow_cgroup "$1" 10000 2>/dev/null) && [ -n "$SLOW_CGROUP" ]; then
+      export SLOW_CGROUP
+      pf="$tmp/plan-$2-$3.json"
+      echo "{\"generation\":0,\"globalBatchSize\":128,\"batchSizes\":[$2,$3]}" > "$pf"
+      paired "0.$(( $1 / 1000 ))$(( $1 % 1000 / 100 )) core, $2 / $3" "ours simple_cnn 128 200 20 --plan-file $pf" "ours simple_cnn 128 200 20 --plan-file $pf --optimizer-sharding proportional"
+      rmdir "$SLOW_CGROUP" 2>/dev/null || true
+    fi
+  done
+  rmdir "$FAST_CGROUP" 2>/dev/null || true
+  unset FAST_CGROUP PIN SLOW_CGROUP
 fi
 # At 0.05 core even one sample makes rank 1 the last to finish: left out
 # (0 samples, no part in the exchange) against kept at 1 sample, and

@@ -31,6 +31,7 @@ fn solo_job(
         steps: m.standalone_steps,
         core_unit: cl.core_unit,
         profiling: false,
+        optimizer_sharding: cl.optimizer_sharding,
     })
 }
 

@@ -26,6 +26,8 @@ pub struct BenchCluster {
     pub namespace: String,
     /// Cores a pod on a speed-1.0 node gets (its CPU limit).
     pub core_unit: f64,
+    /// The jobs' `training.optimizerSharding`.
+    pub optimizer_sharding: heterotrain_crds::OptimizerSharding,
     pub verbose: bool,
 }
 
@@ -85,6 +87,7 @@ impl BenchCluster {
             client,
             namespace,
             core_unit,
+            optimizer_sharding: Default::default(),
             verbose,
         })
     }

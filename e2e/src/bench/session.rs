@@ -23,6 +23,8 @@ pub struct TrainingOptions {
     /// Rounds of the 2-node scenarios (later rounds run static and dynamic).
     pub rounds: u32,
     pub core_unit: f64,
+    /// The jobs' `training.optimizerSharding`.
+    pub optimizer_sharding: heterotrain_crds::OptimizerSharding,
     pub rebalance_interval: f64,
     /// Which CPUs the nodes' pods run on ([`super::spec::node_cpus`]).
     pub node_cpus: NodeCpus,
@@ -163,6 +165,7 @@ async fn cluster_run(
         steps,
         core_unit: cl.core_unit,
         profiling: true,
+        optimizer_sharding: cl.optimizer_sharding,
     })?;
     let throttle = sc.throttle.as_ref().map(|t| ThrottlePlan {
         node: sc.nodes[t.node].name.clone(),
@@ -279,6 +282,7 @@ pub async fn training(o: &TrainingOptions, st: &mut State, out: &Path) -> Result
     ));
     let mut cl =
         BenchCluster::start(nodes, &data, o.core_unit, o.rebalance_interval, o.verbose).await?;
+    cl.optimizer_sharding = o.optimizer_sharding;
     let outcome = async {
         for m in &o.models {
             for sc in o.scenarios.iter().filter(|s| m.scenarios.contains(&s.name)) {

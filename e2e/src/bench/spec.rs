@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use heterotrain_crds::{labels, HeteroTrainingJob};
+use heterotrain_crds::{labels, HeteroTrainingJob, OptimizerSharding};
 use serde_json::json;
 
 use super::{BenchNode, ModelRun, Scenario};
@@ -107,6 +107,8 @@ pub struct JobParams<'a> {
     pub steps: u64,
     pub core_unit: f64,
     pub profiling: bool,
+    /// `training.optimizerSharding`.
+    pub optimizer_sharding: OptimizerSharding,
 }
 
 /// Build the HeteroTrainingJob for `p`.
@@ -156,7 +158,8 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
                 "optimizer": "sgd",
                 "learningRate": p.model.learning_rate,
                 "momentum": "0.9",
-                "seed": 1
+                "seed": 1,
+                "optimizerSharding": p.optimizer_sharding.as_str()
             },
             "loadBalancing": {"policy": p.policy, "rebalanceIntervalSteps": 10, "minGainPercent": 5},
             "profiling": {"enabled": p.profiling},

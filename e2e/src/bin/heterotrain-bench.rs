@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use heterotrain_crds::OptimizerSharding;
 use heterotrain_e2e::bench::session::{self, say, State, TrainingOptions};
 use heterotrain_e2e::bench::spec::NodeCpus;
 use heterotrain_e2e::bench::{
@@ -62,6 +63,10 @@ struct Cli {
     /// Cores a rank on a speed-1.0 node gets (its CPU limit); node speeds scale it.
     #[arg(long, default_value_t = 0.6)]
     core_unit: f64,
+    /// The jobs' `training.optimizerSharding` (who runs the optimizer
+    /// update): fastest (the default), proportional or replicated.
+    #[arg(long, value_enum, default_value = "fastest")]
+    optimizer_sharding: OptimizerSharding,
     /// The operator's --rebalance-interval, seconds.
     #[arg(long, default_value_t = 2.0)]
     rebalance_interval: f64,
@@ -151,6 +156,7 @@ fn training_options(cli: &Cli) -> TrainingOptions {
         policies,
         rounds: cli.rounds.unwrap_or(if cli.quick { 1 } else { 3 }),
         core_unit: cli.core_unit,
+        optimizer_sharding: cli.optimizer_sharding,
         rebalance_interval: cli.rebalance_interval,
         node_cpus: cli.node_cpus,
         verbose: cli.verbose,
@@ -175,6 +181,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
     let opts = training_options(&cli);
     let mut st = State::new(session::new_results(serde_json::json!({
         "core_unit": cli.core_unit,
+        "optimizer_sharding": cli.optimizer_sharding.as_str(),
         "rebalance_interval_seconds": cli.rebalance_interval,
         "node_cpus": format!("{:?}", cli.node_cpus).to_lowercase(),
         "scrape_interval_seconds": 1,
