@@ -53,11 +53,13 @@ fn main() {
             "csrc/c10d_shim.cpp",
             "csrc/autograd_shim.cpp",
             "csrc/reducer_shim.cpp",
+            "csrc/update_kernel.cpp",
         ])
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .include(&gloo_inc)
         .flag("-std=c++17")
+        .flag("-ffp-contract=off")
         .flag("-Wno-unused-parameter")
         .flag("-Wno-deprecated-declarations")
         .define("USE_C10D_GLOO", None)

@@ -114,7 +114,7 @@ void sliced(int64_t len, int64_t slice, F&& f) {
 }
 
 // The trainer's update (optim.rs, Optimizer::update), the same ops in the
-// same order.
+// same order, for what fused_update does not take (not float32).
 void apply_update(const HtUpdate& u, at::Tensor p, at::Tensor g, at::Tensor m, at::Tensor v) {
   const auto& c = u.c;
   if (u.adamw) {
@@ -334,20 +334,30 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
         for (auto& [i, sums] : owned) {
           const auto& sg = segs[i];
           at::Tensor g = buf.narrow(0, sg.off, sg.len);
-          for (auto& sum : sums) {
-            ht::wait_work(sum.first, timeout);
-            const at::Tensor& t = sum.second;
+          // Every peer's sums but the last are added first (rank order);
+          // the last is added in the update's own pass.
+          for (size_t k = 0; k < sums.size(); ++k) {
+            ht::wait_work(sums[k].first, timeout);
+            if (k + 1 == sums.size()) break;
+            const at::Tensor& t = sums[k].second;
             sliced(sg.len, slice, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(t.narrow(0, k, n)); });
           }
           at::Tensor p = flat.narrow(0, sg.flat, sg.len);
           const int64_t at_state = sg.flat - u->own_lo;
           at::Tensor m = u->m.narrow(0, at_state, sg.len);
           at::Tensor v = u->adamw ? u->v.narrow(0, at_state, sg.len) : at::Tensor();
+          const at::Tensor* last = sums.empty() ? nullptr : &sums.back().second;
           const int64_t t0 = steady_ns();
-          sliced(sg.len, slice, [&](int64_t k, int64_t n) {
-            apply_update(*u, p.narrow(0, k, n), g.narrow(0, k, n), m.narrow(0, k, n),
-                         v.defined() ? v.narrow(0, k, n) : v);
-          });
+          if (!fused_update(u->adamw, u->c.data(), u->c.size(), p, g, last, m,
+                            v.defined() ? &v : nullptr, slice == INT64_MAX)) {
+            if (last) {
+              sliced(sg.len, slice, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(last->narrow(0, k, n)); });
+            }
+            sliced(sg.len, slice, [&](int64_t k, int64_t n) {
+              apply_update(*u, p.narrow(0, k, n), g.narrow(0, k, n), m.narrow(0, k, n),
+                           v.defined() ? v.narrow(0, k, n) : v);
+            });
+          }
           u->update_ns.fetch_add(steady_ns() - t0);
           if (trace->ready.load() < params) u->early.fetch_add(1);
           u->updated.fetch_add(sg.len);

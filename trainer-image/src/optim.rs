@@ -102,6 +102,20 @@ impl Optimizer {
         }
     }
 
+    /// One range's update: SGD on float32 CPU tensors in one pass
+    /// ([`crate::c10d::fused_update`], the same bits), else the tensor ops
+    /// of [`Optimizer::update_ops`].
+    fn update(&self, p: Tensor, g: Tensor, m: Tensor, v: Option<Tensor>, c: &[f64]) {
+        let adamw = self.kind == OptimizerKind::Adamw;
+        if matches!(
+            crate::c10d::fused_update(&p, &g, &m, v.as_ref(), c, adamw),
+            Ok(true)
+        ) {
+            return;
+        }
+        self.update_ops(p, g, m, v, c);
+    }
+
     /// The scalars of the next update (step `steps + 1`) at learning rate
     /// `lr`, in the order [`Optimizer::update`] uses them. The update run
     /// inside backward (the C++ shim) applies the same ops with the same
@@ -140,7 +154,15 @@ impl Optimizer {
         )
     }
 
-    fn update(&self, mut p: Tensor, mut g: Tensor, mut m: Tensor, v: Option<Tensor>, c: &[f64]) {
+    /// The update as whole-tensor ops (any device and kind).
+    fn update_ops(
+        &self,
+        mut p: Tensor,
+        mut g: Tensor,
+        mut m: Tensor,
+        v: Option<Tensor>,
+        c: &[f64],
+    ) {
         match (self.kind, v) {
             (OptimizerKind::Adamw, Some(mut v)) => {
                 if self.weight_decay != 0.0 {
@@ -312,6 +334,62 @@ mod tests {
             .gather(None, 0, &Layout::Replicated { len: 1 }, 1)
             .unwrap();
         assert_eq!(o.named(&full, &flat, &["w".into()]).len(), 2);
+    }
+
+    /// The one-pass SGD update (csrc/update_kernel.cpp) gives the tensor
+    /// ops' result bit for bit, with and without momentum and weight
+    /// decay, over several steps (so the momentum is not zero), on a length
+    /// with a vector tail and above ATen's grain size (split across
+    /// threads); AdamW and other kinds are left to the tensor ops.
+    #[test]
+    fn one_pass_update_matches_the_tensor_ops_bit_for_bit() {
+        tch::manual_seed(7);
+        let n = 100_003i64;
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let cases: [&[&str]; 3] = [
+            &["--momentum", "0.9", "--weight-decay", "0.01"],
+            &["--momentum", "0.9", "--weight-decay", "0"],
+            &["--momentum", "0", "--weight-decay", "0.05"],
+        ];
+        for args in cases {
+            let c = cfg(args);
+            let w = Tensor::randn([n], cpu).set_requires_grad(true);
+            let flat = FlatParams::new(&[w.shallow_clone()]).unwrap();
+            let mut o = Optimizer::new(&c.optim, &flat, (0, n));
+            let _guard = tch::no_grad_guard();
+            let (p1, p2) = (w.detach().copy(), w.detach().copy());
+            let (m1, m2) = (o.m.copy(), o.m.copy());
+            for step in 0..4 {
+                let g = Tensor::randn([n], cpu) * 10f64.powi(-3 * step);
+                let coef = o.coefficients(0.01);
+                o.update_ops(
+                    p1.shallow_clone(),
+                    g.copy(),
+                    m1.shallow_clone(),
+                    None,
+                    &coef,
+                );
+                let g2 = g.copy();
+                assert!(
+                    crate::c10d::fused_update(&p2, &g2, &m2, None, &coef, false).unwrap(),
+                    "{args:?}: float32 CPU tensors take the one-pass update"
+                );
+                assert!(g2.equal(&g), "{args:?}: the gradient is left as it was");
+                o.steps += 1;
+                assert!(p1.equal(&p2), "{args:?} step {step}: parameters differ");
+                assert!(m1.equal(&m2), "{args:?} step {step}: momentum differs");
+                assert!(!p1.equal(&w.detach()), "{args:?}: the update moved nothing");
+            }
+        }
+        // AdamW and float64: left to the tensor ops, nothing touched.
+        let one = |k| Tensor::ones([4], (k, tch::Device::Cpu));
+        let d = one(Kind::Double);
+        assert!(!crate::c10d::fused_update(&d, &d, &d, None, &[0.0, 0.9, -0.1], false).unwrap());
+        assert!(d.equal(&one(Kind::Double)));
+        let f = one(Kind::Float);
+        let adamw = [1.0, 0.9, 0.1, 0.999, 0.001, 0.001, 1e-8, -0.1];
+        assert!(!crate::c10d::fused_update(&f, &f, &f, Some(&f), &adamw, true).unwrap());
+        assert!(f.equal(&one(Kind::Float)));
     }
 
     /// Two optimizers over complementary ranges (cut inside a parameter)
