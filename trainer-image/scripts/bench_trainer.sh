@@ -67,11 +67,14 @@ print(b * n / max(tot))
 PY
 }
 
+# DDP: rank 0 prints its JSON line before the group is torn down; a rank
+# that exits non-zero in the teardown after it (seen now and then with
+# Gloo) does not void the measurement, a missing line does.
 ddp() { # model batch steps warmup extra...
   local model=$1 b=$2 steps=$3 warm=$4; shift 4
-  OMP_NUM_THREADS=$threads "$torchrun" --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(port)" \
+  { OMP_NUM_THREADS=$threads "$torchrun" --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(port)" \
     "$here/ddp_bench.py" --model "$model" --batch-size "$b" --steps "$steps" --warmup "$warm" \
-    --threads "$threads" "$@" 2>/dev/null | "$py" -c 'import json,sys;print([json.loads(l) for l in sys.stdin if l.startswith("{")][0]["samples_per_second"])'
+    --threads "$threads" "$@" 2>/dev/null || true; } | "$py" -c 'import json,sys;print([json.loads(l) for l in sys.stdin if l.startswith("{")][0]["samples_per_second"])'
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
