@@ -17,7 +17,13 @@
 
 namespace {
 
+// x86-64: one clone per vector width, picked at load time; elsewhere the
+// compiler's baseline.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HT_CLONES
+#endif
 
 // SGD: g (+ s), then g + wd·p, m = m·momentum + g, p = p + m·(−lr).
 HT_CLONES void sgd_kernel(int64_t n, float* __restrict p, float* __restrict g,
