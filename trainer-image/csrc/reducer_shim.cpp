@@ -114,7 +114,7 @@ void sliced(int64_t len, int64_t slice, F&& f) {
 }
 
 // The trainer's update (optim.rs, Optimizer::update), the same ops in the
-// same order, for what fused_update does not take (not float32).
+// same order, for what fused_sgd does not take (AdamW, not float32).
 void apply_update(const HtUpdate& u, at::Tensor p, at::Tensor g, at::Tensor m, at::Tensor v) {
   const auto& c = u.c;
   if (u.adamw) {
@@ -348,8 +348,9 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
           at::Tensor v = u->adamw ? u->v.narrow(0, at_state, sg.len) : at::Tensor();
           const at::Tensor* last = sums.empty() ? nullptr : &sums.back().second;
           const int64_t t0 = steady_ns();
-          if (!fused_update(u->adamw, u->c.data(), u->c.size(), p, g, last, m,
-                            v.defined() ? &v : nullptr, slice == INT64_MAX)) {
+          // The last bucket's work may use the rank's intra-op threads.
+          const bool parallel = slice == INT64_MAX;
+          if (u->adamw || !fused_sgd(u->c.data(), u->c.size(), p, g, last, m, parallel)) {
             if (last) {
               sliced(sg.len, slice, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(last->narrow(0, k, n)); });
             }

@@ -81,12 +81,12 @@ inline c10d::Backend& backend_for(HtGroup* g, const at::Tensor& t) {
 
 // The SGD update of one range in one pass over float32 CPU elements
 // (update_kernel.cpp): g plus `sum` (when given, stored back into g), then
-// SGD with the coefficients of optim.rs; `parallel`: on ATen's
-// intra-op threads (never from a comm hook's thread, which would start a
-// thread team of its own beside the rank's). False: AdamW, or not
-// contiguous float32 CPU tensors of one length (nothing was touched).
-bool fused_update(bool adamw, const double* c, size_t nc, at::Tensor& p, at::Tensor& g,
-                  const at::Tensor* sum, at::Tensor& m, at::Tensor* v, bool parallel);
+// SGD with the coefficients of optim.rs; `parallel`: on ATen's intra-op
+// threads (never from a comm hook's thread, which would start a thread
+// team of its own beside the rank's). False: not contiguous float32 CPU
+// tensors of one length (nothing was touched).
+bool fused_sgd(const double* c, size_t nc, at::Tensor& p, at::Tensor& g, const at::Tensor* sum,
+               at::Tensor& m, bool parallel);
 
 // Monotonic nanoseconds, for the trainer's compute/wait split.
 inline int64_t steady_ns() {

@@ -55,11 +55,10 @@ bool fits(const at::Tensor& t, int64_t n) {
 
 namespace ht {
 
-bool fused_update(bool adamw, const double* c, size_t nc, at::Tensor& p, at::Tensor& g,
-                  const at::Tensor* sum, at::Tensor& m, at::Tensor* v, bool parallel) {
-  (void)v;
+bool fused_sgd(const double* c, size_t nc, at::Tensor& p, at::Tensor& g, const at::Tensor* sum,
+               at::Tensor& m, bool parallel) {
   const int64_t n = p.numel();
-  if (adamw || nc != 3) return false;
+  if (nc != 3) return false;
   if (!fits(p, n) || !fits(g, n) || !fits(m, n) || (sum && !fits(*sum, n))) return false;
   float* P = p.data_ptr<float>();
   float* G = g.data_ptr<float>();
@@ -85,15 +84,15 @@ bool fused_update(bool adamw, const double* c, size_t nc, at::Tensor& p, at::Ten
 
 extern "C" {
 
-// The update of one range (optim.rs): p, g, m (and v for AdamW) of equal
-// length; c the step's coefficients. *applied = 0 when the tensors are not
+// The SGD update of one range (optim.rs): p, g, m of equal length; c the
+// step's three coefficients. *applied = 0 when the tensors are not
 // contiguous float32 on the CPU (the caller then runs the ATen ops).
-int ht_update_fused(at::Tensor* p, at::Tensor* g, at::Tensor* m, at::Tensor* v, const double* c,
-                    size_t nc, int adamw, int* applied, char* err, size_t err_len) {
+int ht_sgd_fused(at::Tensor* p, at::Tensor* g, at::Tensor* m, const double* c, size_t nc,
+                 int* applied, char* err, size_t err_len) {
   *applied = 0;
   return ht::guarded(err, err_len, [&] {
     at::NoGradGuard no_grad;
-    *applied = ht::fused_update(adamw != 0, c, nc, *p, *g, nullptr, *m, v, true) ? 1 : 0;
+    *applied = ht::fused_sgd(c, nc, *p, *g, nullptr, *m, true) ? 1 : 0;
   });
 }
 }

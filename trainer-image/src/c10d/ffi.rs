@@ -22,15 +22,12 @@ extern "C" {
         err_len: usize,
     ) -> c_int;
     pub(super) fn ht_pg_destroy(h: *mut c_void);
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn ht_update_fused(
+    pub(super) fn ht_sgd_fused(
         p: *mut c_void,
         g: *mut c_void,
         m: *mut c_void,
-        v: *mut c_void,
         c: *const f64,
         nc: usize,
-        adamw: c_int,
         applied: *mut c_int,
         err: *mut c_char,
         len: usize,

@@ -28,37 +28,23 @@ pub fn set_deterministic(on: bool) {
 /// weight decay, momentum, −lr) over `p`, `g`, `m`, element by element
 /// through the same float ops, in the same order, as the whole-tensor ops
 /// of `Optimizer::update_ops`: the same bits in a quarter of the memory
-/// traffic. Ok(false): AdamW (`adamw`; ATen's vectorized float sqrt is not
-/// the IEEE one on every CPU, so AdamW keeps the tensor ops), or tensors
-/// that are not contiguous float32 on the CPU; nothing was touched (run the
-/// tensor ops instead).
-pub fn fused_update(
-    p: &Tensor,
-    g: &Tensor,
-    m: &Tensor,
-    v: Option<&Tensor>,
-    c: &[f64],
-    adamw: bool,
-) -> Result<bool> {
+/// traffic. Ok(false): tensors that are not contiguous float32 on the CPU
+/// (or not three coefficients); nothing was touched (run the tensor ops
+/// instead).
+pub fn fused_sgd(p: &Tensor, g: &Tensor, m: &Tensor, c: &[f64]) -> Result<bool> {
     let (mut p, mut g, mut m) = (p.shallow_clone(), g.shallow_clone(), m.shallow_clone());
-    let mut v = v.map(Tensor::shallow_clone);
-    let vp = v
-        .as_mut()
-        .map_or(std::ptr::null_mut(), |t| t.as_mut_ptr() as *mut c_void);
     let mut applied: c_int = 0;
-    let mut buf = vec![0 as c_char; ERR_LEN];
-    // SAFETY: p, g, m (and v, or null) are live tensors for the call; c
-    // holds c.len() values; the shim checks shapes, kinds and devices and
-    // catches every C++ exception.
+    let mut buf = [0 as c_char; ERR_LEN];
+    // SAFETY: p, g and m are live tensors for the call; c holds c.len()
+    // values; the shim checks lengths, kinds and devices and catches every
+    // C++ exception.
     let rc = unsafe {
-        ht_update_fused(
+        ht_sgd_fused(
             p.as_mut_ptr() as *mut c_void,
             g.as_mut_ptr() as *mut c_void,
             m.as_mut_ptr() as *mut c_void,
-            vp,
             c.as_ptr(),
             c.len(),
-            c_int::from(adamw),
             &mut applied,
             buf.as_mut_ptr(),
             ERR_LEN,
