@@ -82,14 +82,37 @@ struct HtShards {
   HtUpdate update;
 };
 
-// One piece of a bucket: [off, off + len) of its buffer, which is
-// [flat, flat + len) of the flat parameters, summed for `owner`.
+// Part of a segment: [off, off + len) of the bucket's buffer holds the
+// flat parameter elements [flat, flat + len).
+struct Run {
+  int64_t off;
+  int64_t len;
+  int64_t flat;
+};
+
+// One message of a bucket: [off, off + len) of its buffer, summed for
+// `owner`. A bucket lays out its gradients in the order they become ready,
+// which need not be the flat buffer's, so one message may cover several
+// runs of the flat buffer (`runs`, in buffer order): one message per
+// owner and bucket (or piece) whatever the layout, as each message costs
+// every rank wake-ups and system calls.
 struct Segment {
   int64_t off;
   int64_t len;
   int owner;
-  int64_t flat;
+  std::vector<Run> runs;
 };
+
+// [k, k + n) of a segment, with its runs cut to match.
+Segment cut(const Segment& sg, int64_t k, int64_t n) {
+  Segment out{sg.off + k, n, sg.owner, {}};
+  for (const auto& r : sg.runs) {
+    const int64_t a = std::max(r.off, out.off);
+    const int64_t b = std::min(r.off + r.len, out.off + n);
+    if (a < b) out.runs.push_back({a, b - a, r.flat + (a - r.off)});
+  }
+  return out;
+}
 
 // Pieces of at most this many elements when the update runs in backward
 // (4 MiB of float): an owner updates and sends one piece while the next
@@ -207,11 +230,17 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
         const int64_t b = std::min(f + n, bounds[q].second);
         if (a >= b) continue;
         const int64_t off = o + (a - f);
-        if (!segs.empty() && segs.back().owner == q && segs.back().off + segs.back().len == off &&
-            segs.back().flat + segs.back().len == a) {
-          segs.back().len += b - a;
+        if (!segs.empty() && segs.back().owner == q && segs.back().off + segs.back().len == off) {
+          Segment& sg = segs.back();
+          sg.len += b - a;
+          Run& last = sg.runs.back();
+          if (last.off + last.len == off && last.flat + last.len == a) {
+            last.len += b - a;
+          } else {
+            sg.runs.push_back({off, b - a, a});
+          }
         } else {
-          segs.push_back({off, b - a, q, a});
+          segs.push_back({off, b - a, q, {{off, b - a, a}}});
         }
       }
     }
@@ -221,9 +250,12 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     // Pieces, so the owner's update and sends pipeline with the sums.
     std::vector<Segment> pieces;
     for (const auto& sg : segs) {
+      if (sg.len <= kPiece) {
+        pieces.push_back(sg);
+        continue;
+      }
       for (int64_t k = 0; k < sg.len; k += kPiece) {
-        const int64_t n = std::min(kPiece, sg.len - k);
-        pieces.push_back({sg.off + k, n, sg.owner, sg.flat + k});
+        pieces.push_back(cut(sg, k, std::min(kPiece, sg.len - k)));
       }
     }
     segs = std::move(pieces);
@@ -302,13 +334,20 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     // For each piece this rank owns: (piece, the peers' sums in rank order).
     std::vector<std::pair<size_t, std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>>>>
         owned;
+    // Pieces of several runs whose new values arrive in the bucket's buffer
+    // (this rank's own gradient there is no longer needed: the owner
+    // replies only once it has all of this rank's sums).
+    std::vector<size_t> scatter;
     for (size_t i = 0; i < segs.size(); ++i) {
-      at::Tensor part = buf.narrow(0, segs[i].off, segs[i].len);
-      if (segs[i].owner != me) {
+      const Segment& sg = segs[i];
+      at::Tensor part = buf.narrow(0, sg.off, sg.len);
+      if (sg.owner != me) {
         std::vector<at::Tensor> t{part};
-        works.push_back(gloo_->send(t, segs[i].owner, tag_of(call, 0, i)));
-        std::vector<at::Tensor> r{flat.narrow(0, segs[i].flat, segs[i].len)};
-        works.push_back(gloo_->recv(r, segs[i].owner, tag_of(call, 1, i)));
+        works.push_back(gloo_->send(t, sg.owner, tag_of(call, 0, i)));
+        const bool one = sg.runs.size() == 1;
+        std::vector<at::Tensor> r{one ? flat.narrow(0, sg.runs[0].flat, sg.len) : part};
+        works.push_back(gloo_->recv(r, sg.owner, tag_of(call, 1, i)));
+        if (!one) scatter.push_back(i);
         continue;
       }
       std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sums;
@@ -326,9 +365,9 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     auto trace = trace_;
     auto shards = shards_;
     const int64_t params = params_;
-    std::thread([works = std::move(works), owned = std::move(owned), segs = std::move(segs), buf,
-                 flat, u, fut, timeout, gloo, trace, shards, params, me, world, call,
-                 slice]() mutable {
+    std::thread([works = std::move(works), owned = std::move(owned), segs = std::move(segs),
+                 scatter = std::move(scatter), buf, flat, u, fut, timeout, gloo, trace, shards,
+                 params, me, world, call, slice]() mutable {
       try {
         at::NoGradGuard no_grad;
         for (auto& [i, sums] : owned) {
@@ -342,33 +381,60 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
             const at::Tensor& t = sums[k].second;
             sliced(sg.len, slice, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(t.narrow(0, k, n)); });
           }
-          at::Tensor p = flat.narrow(0, sg.flat, sg.len);
-          const int64_t at_state = sg.flat - u->own_lo;
-          at::Tensor m = u->m.narrow(0, at_state, sg.len);
-          at::Tensor v = u->adamw ? u->v.narrow(0, at_state, sg.len) : at::Tensor();
-          const at::Tensor* last = sums.empty() ? nullptr : &sums.back().second;
           const int64_t t0 = steady_ns();
           // The last bucket's work may use the rank's intra-op threads.
           const bool parallel = slice == INT64_MAX;
-          if (u->adamw || !fused_sgd(u->c.data(), u->c.size(), p, g, last, m, parallel)) {
-            if (last) {
-              sliced(sg.len, slice, [&](int64_t k, int64_t n) { g.narrow(0, k, n).add_(last->narrow(0, k, n)); });
+          for (const Run& run : sg.runs) {
+            at::Tensor p = flat.narrow(0, run.flat, run.len);
+            at::Tensor gr = buf.narrow(0, run.off, run.len);
+            const int64_t at_state = run.flat - u->own_lo;
+            at::Tensor m = u->m.narrow(0, at_state, run.len);
+            at::Tensor v = u->adamw ? u->v.narrow(0, at_state, run.len) : at::Tensor();
+            at::Tensor last;
+            if (!sums.empty()) last = sums.back().second.narrow(0, run.off - sg.off, run.len);
+            if (u->adamw ||
+                !fused_sgd(u->c.data(), u->c.size(), p, gr, last.defined() ? &last : nullptr, m,
+                           parallel)) {
+              if (last.defined()) {
+                sliced(run.len, slice, [&](int64_t k, int64_t n) { gr.narrow(0, k, n).add_(last.narrow(0, k, n)); });
+              }
+              sliced(run.len, slice, [&](int64_t k, int64_t n) {
+                apply_update(*u, p.narrow(0, k, n), gr.narrow(0, k, n), m.narrow(0, k, n),
+                             v.defined() ? v.narrow(0, k, n) : v);
+              });
             }
-            sliced(sg.len, slice, [&](int64_t k, int64_t n) {
-              apply_update(*u, p.narrow(0, k, n), g.narrow(0, k, n), m.narrow(0, k, n),
-                           v.defined() ? v.narrow(0, k, n) : v);
-            });
           }
           u->update_ns.fetch_add(steady_ns() - t0);
           if (trace->ready.load() < params) u->early.fetch_add(1);
           u->updated.fetch_add(sg.len);
+          // One run: its new values go straight from the parameters;
+          // several: gathered into the piece's place in the bucket (its
+          // gradient sums are spent), so they still go in one message.
+          at::Tensor out;
+          if (sg.runs.size() == 1) {
+            out = flat.narrow(0, sg.runs[0].flat, sg.len);
+          } else {
+            for (const Run& run : sg.runs) {
+              at::Tensor dst = buf.narrow(0, run.off, run.len);
+              at::Tensor src = flat.narrow(0, run.flat, run.len);
+              sliced(run.len, slice, [&](int64_t k, int64_t n) { dst.narrow(0, k, n).copy_(src.narrow(0, k, n)); });
+            }
+            out = buf.narrow(0, sg.off, sg.len);
+          }
           for (int peer = 0; peer < world; ++peer) {
             if (peer == me) continue;
-            std::vector<at::Tensor> t{p};
+            std::vector<at::Tensor> t{out};
             works.push_back(gloo->send(t, peer, tag_of(call, 1, i)));
           }
         }
         for (auto& w : works) ht::wait_work(w, timeout);
+        for (size_t i : scatter) {
+          for (const Run& run : segs[i].runs) {
+            at::Tensor dst = flat.narrow(0, run.flat, run.len);
+            at::Tensor src = buf.narrow(0, run.off, run.len);
+            sliced(run.len, slice, [&](int64_t k, int64_t n) { dst.narrow(0, k, n).copy_(src.narrow(0, k, n)); });
+          }
+        }
         int64_t got = 0;
         for (const auto& sg : segs) {
           if (sg.owner != me) got += sg.len;

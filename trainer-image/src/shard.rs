@@ -32,7 +32,11 @@ impl FlatParams {
     /// Move `params` into one buffer; each parameter's data becomes a view
     /// of it, so every holder of the parameter (the model, the Reducer, the
     /// checkpoint code) sees the buffer. All parameters must share a dtype
-    /// and device.
+    /// and device. The buffer holds them last first, roughly the order in
+    /// which their gradients become ready (and the Reducer's buckets fill):
+    /// a bucket then covers few runs of the buffer, and the first owner's
+    /// range holds the gradients that come first, which it can update
+    /// while backward still runs.
     pub fn new(params: &[Tensor]) -> Result<FlatParams> {
         let (kind, device) = match params.first() {
             Some(p) => (p.kind(), p.device()),
@@ -46,11 +50,11 @@ impl FlatParams {
                 "the optimizer needs every trainable parameter on one device with one dtype".into(),
             ));
         }
-        let mut spans = Vec::with_capacity(params.len());
+        let mut spans = vec![(0i64, 0i64); params.len()];
         let mut total = 0i64;
-        for p in params {
+        for (i, p) in params.iter().enumerate().rev() {
             let n = p.numel() as i64;
-            spans.push((total, n));
+            spans[i] = (total, n);
             total += n;
         }
         let flat = Tensor::zeros([total], (kind, device));
@@ -69,7 +73,7 @@ impl FlatParams {
 
     /// Number of elements over all parameters.
     pub fn len(&self) -> i64 {
-        self.spans.last().map(|&(o, n)| o + n).unwrap_or(0)
+        self.spans.iter().map(|&(_, n)| n).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -365,28 +369,29 @@ mod tests {
         let held = a.shallow_clone();
         let flat = FlatParams::new(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
         assert_eq!(flat.len(), 6);
+        // Last parameter first: b is [0, 2), a is [2, 6).
         // Writing the buffer changes what the model's handles see.
-        let _ = flat.range((3, 5)).fill_(0.0);
+        let _ = flat.range((1, 3)).fill_(0.0);
         assert_eq!(
             Vec::<f32>::try_from(held.view(-1)).unwrap(),
-            vec![1.0, 2.0, 3.0, 0.0]
+            vec![0.0, 2.0, 3.0, 4.0]
         );
-        assert_eq!(Vec::<f32>::try_from(&b).unwrap(), vec![0.0, 6.0]);
+        assert_eq!(Vec::<f32>::try_from(&b).unwrap(), vec![5.0, 0.0]);
         assert!(held.requires_grad());
-        let pieces: Vec<Piece> = flat.pieces((3, 5)).collect();
+        let pieces: Vec<Piece> = flat.pieces((1, 3)).collect();
         assert_eq!(
             pieces,
             vec![
                 Piece {
                     param: 0,
-                    in_param: 3,
-                    in_range: 0,
+                    in_param: 0,
+                    in_range: 1,
                     len: 1
                 },
                 Piece {
                     param: 1,
-                    in_param: 0,
-                    in_range: 1,
+                    in_param: 1,
+                    in_range: 0,
                     len: 1
                 },
             ]
@@ -394,6 +399,10 @@ mod tests {
         let named = flat.unflatten(&flat.range((0, 6)), &["a".into(), "b".into()], "m");
         assert_eq!(named[0].0, "m.a");
         assert_eq!(named[0].1.size(), vec![2, 2]);
+        assert_eq!(
+            Vec::<f32>::try_from(named[0].1.view(-1)).unwrap(),
+            vec![0.0, 2.0, 3.0, 4.0]
+        );
         // Gradients still reach the parameters after the move.
         (&held * 2.0).sum(Kind::Float).backward();
         assert_eq!(
