@@ -1,18 +1,22 @@
 //! Step-boundary agreement. A small control word
-//! `[stop, generation, B, lag, b_0..b_{n-1}, loss]` — rank 0's proposed
-//! plan and control lag, every rank's stop request and its weighted loss
-//! (b_r/B · mean loss) — is SUM-all-reduced so that all ranks switch plans,
-//! and stop, at the same step, and learn the global batch's loss. Before
-//! the first step it is a blocking collective of its own ([`agree`]);
-//! during training it is the step's only collective besides the gradient
-//! buckets: started asynchronously once forward has the loss, overlapped
-//! with backward, and waited `lag` steps later ([`Pipeline`]): at the end
-//! of the same step while every rank trains (lag 0), several steps later
-//! while the plan leaves a rank out, so that a left-out rank on a sliver of
-//! a core (a CPU quota that stalls it for a whole period) never holds up
-//! the ranks that train. The lag is rank 0's choice, carried in the word,
-//! so every rank waits each word at the same step. The word is f64: plan
-//! numbers are integers far below 2^53, so they stay exact.
+//! `[stop, generation, B, lag, every, b_0..b_{n-1}, loss]` — rank 0's
+//! proposed plan, control lag and word interval, every rank's stop request
+//! and its weighted loss (b_r/B · mean loss) — is SUM-all-reduced so that
+//! all ranks switch plans, and stop, at the same step, and learn the global
+//! batch's loss. Before the first step it is a blocking collective of its
+//! own ([`agree`]); during training it is the only collective besides the
+//! gradient buckets: started asynchronously once forward has the loss,
+//! overlapped with backward, and waited `lag` steps later ([`Pipeline`]): at
+//! the end of the same step while every rank trains (lag 0), several steps
+//! later while the plan leaves a rank out, so that a left-out rank on a
+//! sliver of a core (a CPU quota that stalls it for a whole period) never
+//! holds up the ranks that train. A word is started every `every` steps
+//! only ([`word_interval`]: about `--control-interval-ms` apart): each
+//! word costs every rank a round of small messages, and a rank on a CPU
+//! quota a wake-up it may have to wait a whole period for. Lag and interval
+//! are rank 0's choice, carried in the word, so every rank starts and waits
+//! each word at the same step. The word is f64: plan numbers are integers
+//! far below 2^53, so they stay exact.
 
 use std::collections::VecDeque;
 
@@ -33,10 +37,32 @@ pub struct Agreement {
     /// Steps between starting a control word and waiting for it, for the
     /// words started under this agreement (rank 0's choice).
     pub lag: u32,
+    /// Steps from one control word to the next, for the words started
+    /// under this agreement (rank 0's choice, at least 1).
+    pub every: u32,
 }
 
-/// Fixed slots before the batches: stop, generation, B, lag.
-const HEAD: usize = 4;
+/// Fixed slots before the batches: stop, generation, B, lag, every.
+const HEAD: usize = 5;
+
+/// The most steps between two control words (a stop or a plan change
+/// waits at most this many steps, plus the lag).
+pub const MAX_EVERY: u32 = 64;
+
+/// Steps between control words so that they are about `target_ms` apart
+/// at `step_seconds` a step: at least 1 (also for 0 or an unknown step
+/// time), at most [`MAX_EVERY`].
+pub fn word_interval(target_ms: u32, step_seconds: f64) -> u32 {
+    if target_ms == 0 || step_seconds.is_nan() || step_seconds <= 0.0 {
+        return 1;
+    }
+    let k = (f64::from(target_ms) / 1000.0 / step_seconds).floor();
+    if k.is_finite() {
+        (k as u32).clamp(1, MAX_EVERY)
+    } else {
+        1
+    }
+}
 
 /// This rank's control word: its stop request, its weighted loss and, on
 /// rank 0, the plan.
@@ -48,6 +74,7 @@ pub fn encode(rank: usize, world: usize, proposed: &Proposal, stop: bool, loss: 
         v[1] = plan.generation as f64;
         v[2] = f64::from(plan.global_batch_size);
         v[3] = f64::from(proposed.lag);
+        v[4] = f64::from(proposed.every);
         for (r, b) in plan.batch_sizes.iter().enumerate().take(world) {
             v[HEAD + r] = f64::from(*b);
         }
@@ -56,13 +83,14 @@ pub fn encode(rank: usize, world: usize, proposed: &Proposal, stop: bool, loss: 
     Tensor::from_slice(&v)
 }
 
-/// What a rank puts forward at a step: on rank 0 the plan and the lag for
-/// the words started under it; elsewhere the current plan (kept for its
-/// text) and no lag.
+/// What a rank puts forward at a step: on rank 0 the plan, and the lag
+/// and interval for the words started under it; elsewhere the current
+/// plan (kept for its text), no lag and an interval of 1.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
     pub plan: BatchPlan,
     pub lag: u32,
+    pub every: u32,
 }
 
 /// The agreement in a SUM-reduced control word; `proposed` is this rank's
@@ -75,6 +103,7 @@ pub fn decode(word: &Tensor, rank: usize, proposed: &Proposal) -> Agreement {
             stop: false,
             loss: f64::NAN,
             lag: proposed.lag,
+            every: proposed.every.max(1),
         };
     }
     let (batches, loss) = (&out[HEAD..out.len() - 1], out[out.len() - 1]);
@@ -92,6 +121,7 @@ pub fn decode(word: &Tensor, rank: usize, proposed: &Proposal) -> Agreement {
         stop: out[0] > 0.0,
         loss,
         lag: out[3] as u32,
+        every: (out[4] as u32).clamp(1, MAX_EVERY),
     }
 }
 
@@ -109,6 +139,7 @@ pub fn agree(
             stop,
             loss: 0.0,
             lag: proposed.lag,
+            every: proposed.every.max(1),
         });
     };
     let mut t = encode(rank, pg.world_size(), proposed, stop, 0.0);
@@ -216,7 +247,40 @@ mod tests {
         Proposal {
             plan: plan.clone(),
             lag,
+            every: 1,
         }
+    }
+
+    #[test]
+    fn the_word_carries_rank_zero_interval() {
+        let p = BatchPlan::equal(1, 8, 2);
+        let with = |every| Proposal {
+            every,
+            ..offer(&p, 0)
+        };
+        // Rank 1 proposes 9: only rank 0's value counts.
+        let sum = encode(0, 2, &with(6), false, 0.0) + encode(1, 2, &with(9), false, 0.0);
+        assert_eq!(decode(&sum, 1, &with(9)).every, 6);
+        // Never 0 (a word every step at least), never above MAX_EVERY.
+        let zero = encode(0, 2, &with(0), false, 0.0);
+        assert_eq!(decode(&zero, 1, &with(3)).every, 1);
+        let huge = encode(0, 2, &with(10_000), false, 0.0);
+        assert_eq!(decode(&huge, 1, &with(3)).every, MAX_EVERY);
+        assert_eq!(agree(None, 0, &with(5), false).unwrap().every, 5);
+    }
+
+    #[test]
+    fn words_are_spaced_by_the_target_time() {
+        // 200 ms apart at 50 ms a step: every 4th step.
+        assert_eq!(word_interval(200, 0.050), 4);
+        assert_eq!(word_interval(200, 0.045), 4, "rounded down");
+        // Steps slower than the target: every step.
+        assert_eq!(word_interval(200, 0.5), 1);
+        assert_eq!(word_interval(200, 1e-6), MAX_EVERY);
+        // Off, or no step time measured yet: every step.
+        assert_eq!(word_interval(0, 0.001), 1);
+        assert_eq!(word_interval(200, 0.0), 1);
+        assert_eq!(word_interval(200, f64::NAN), 1);
     }
 
     #[test]

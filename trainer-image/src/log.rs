@@ -64,6 +64,9 @@ pub struct StepRecord {
     pub updated_in_backward: Option<i64>,
     /// Parameter elements this rank's optimizer updated (its shard).
     pub optimizer_elements: i64,
+    /// This step started a control word (plan, stop, loss): every k-th
+    /// step (`--control-interval-ms`).
+    pub control_word: bool,
     /// Wall-clock time the step ended (Unix seconds).
     pub unix_seconds: f64,
 }

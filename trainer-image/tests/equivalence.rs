@@ -153,6 +153,90 @@ fn equivalence_with_plan_change_mid_run() {
     }
 }
 
+/// Control words only every k steps (`--control-interval-ms` 150 at about
+/// 25 ms a step: k about 6): a plan written mid-run still switches every
+/// rank at the same step, right after a step that carried a word, the
+/// ranks start words at the same steps and skip the others, and the run
+/// ends with one process's parameters.
+#[test]
+fn sparse_control_words_switch_every_rank_at_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |out: &Path| {
+        let mut a = base("mlp", out);
+        set_flag(&mut a, "--max-steps", "40");
+        a
+    };
+    let single = dir.path().join("single");
+    run_ok(1, &with(&single));
+    let want = load_weights(&single.join("model.safetensors"));
+    let out = dir.path().join("multi");
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[16, 8, 8]);
+    let mut a = with(&out);
+    a.extend(path_arg("--plan-file", &plan));
+    a.extend(args(&[
+        "--step-sleep-ms",
+        "25",
+        "--control-interval-ms",
+        "150",
+    ]));
+    let children = spawn_ranks(3, &a);
+    assert!(
+        wait_until(Duration::from_secs(60), || last_step(&out, 0) >= 12),
+        "rank 0 never reached step 12"
+    );
+    write_plan(&plan, 1, &[28, 3, 1]);
+    assert_all_ok(&wait_all(children, Duration::from_secs(120)));
+    let d = max_abs_diff(&want, &load_weights(&out.join("model.safetensors")));
+    assert!(d <= 1e-5, "max |Δparam| = {d:e}");
+    let logs: Vec<Vec<(u64, u64, bool)>> = (0..3)
+        .map(|r| {
+            steps(&log_records(&out, r))
+                .iter()
+                .map(|s| {
+                    (
+                        s["step"].as_u64().unwrap(),
+                        s["generation"].as_u64().unwrap(),
+                        s["control_word"].as_bool().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let words: Vec<Vec<u64>> = logs
+        .iter()
+        .map(|l| l.iter().filter(|x| x.2).map(|x| x.0).collect())
+        .collect();
+    assert!(
+        words.iter().all(|w| *w == words[0]),
+        "word steps differ: {words:?}"
+    );
+    assert!(
+        words[0].len() <= 20,
+        "a word at most every other step: {:?}",
+        words[0]
+    );
+    assert!(
+        words[0].windows(2).any(|w| w[1] - w[0] >= 3),
+        "words spaced out: {:?}",
+        words[0]
+    );
+    let switch: Vec<u64> = logs
+        .iter()
+        .map(|l| l.iter().find(|x| x.1 == 1).expect("switched").0)
+        .collect();
+    assert!(
+        switch.iter().all(|&s| s == switch[0]),
+        "switch steps {switch:?}"
+    );
+    assert!(
+        words[0].contains(&(switch[0] - 1)),
+        "switched at step {} without a word at the step before: {:?}",
+        switch[0],
+        words[0]
+    );
+}
+
 /// Real text as byte tokens (this crate's own sources) in nanoGPT's layout.
 fn token_corpus(dir: &Path) -> std::path::PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -180,6 +180,15 @@ pub struct DistArgs {
     /// end of its own step.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub control_lag_steps: u32,
+    /// About how often (ms) the ranks exchange the control word: rank 0
+    /// starts one every k steps, k = this / its recent step time (1 to
+    /// 64). Each word costs every rank a round of small messages (and a
+    /// rank on a CPU quota a wake-up), so fast steps share one. Plan
+    /// changes and stop requests take effect at the next word, and the
+    /// global loss in logs and metrics is refreshed with each word (a rank
+    /// whose own loss is not finite still stops at once). 0: every step.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub control_interval_ms: u32,
     /// This rank (torchrun `RANK`).
     #[arg(long, env = env::RANK, default_value_t = 0)]
     #[serde(skip)]

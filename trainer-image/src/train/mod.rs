@@ -112,6 +112,17 @@ struct Trainer<'a> {
     /// The control words in flight, and the lag they are started with.
     words: control::Pipeline<'a>,
     lag: u32,
+    /// Steps from one control word to the next (agreed), and the step at
+    /// which the next word starts.
+    word_every: u32,
+    next_word: u64,
+    /// The current step started a control word.
+    word_now: bool,
+    /// Rank 0: its recent wall time per step (seconds, smoothed; all of
+    /// it, boundaries and pauses included), which sets the interval it
+    /// proposes, and when the last step ended.
+    step_ema: f64,
+    last_end: Option<Instant>,
     /// The first boundary (a blocking agreement) is behind us.
     begun: bool,
     /// Rank 0's newest proposal, possibly still in flight (the base of the
@@ -161,6 +172,11 @@ impl<'a> Trainer<'a> {
             carried: None,
             words: control::Pipeline::default(),
             lag: 0,
+            word_every: 1,
+            next_word: 0,
+            word_now: false,
+            step_ema: 0.0,
+            last_end: None,
             begun: false,
             offer: None,
             log: JsonlLog::open(&cfg.output.output_dir, cfg.dist.rank)?,

@@ -20,8 +20,9 @@ use super::Trainer;
 /// What forward and backward leave for the rest of the step.
 struct Pass<'a> {
     local_loss: f64,
-    /// The control word with this rank's weighted loss, being all-reduced.
-    word: Tensor,
+    /// The control word with this rank's weighted loss, being all-reduced
+    /// (none at a step without a word).
+    word: Option<Tensor>,
     word_work: Option<PendingWork<'a>>,
     /// (buckets launched before backward ended, buckets).
     overlap: Option<(usize, usize)>,
@@ -45,6 +46,7 @@ impl<'a> Trainer<'a> {
             }
         };
         self.lag = agreed.lag;
+        self.word_every = agreed.every;
         if agreed.stop {
             self.stopped = true;
             return Ok(false);
@@ -128,12 +130,20 @@ impl<'a> Trainer<'a> {
         // step it is due (`lag` steps later); it takes effect at the next
         // step boundary.
         let proposed = self.propose();
+        // A word every `word_every` steps, at the same steps on every rank.
+        let word_now = self.step >= self.next_word;
+        self.word_now = word_now;
+        if word_now {
+            self.next_word = self.step + u64::from(self.word_every.max(1));
+        }
         if self.local_batch() == 0 {
-            let stop_now = stop.load(Ordering::SeqCst);
-            let mut word =
-                control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now, 0.0);
-            let word_work = self.start_sum(&mut word)?;
-            self.push_word(word, word_work, proposed);
+            if word_now {
+                let stop_now = stop.load(Ordering::SeqCst);
+                let mut word =
+                    control::encode(rank, self.cfg.dist.world_size, &proposed, stop_now, 0.0);
+                let word_work = self.start_sum(&mut word)?;
+                self.push_word(word, word_work, proposed);
+            }
             return self.sit_out(started);
         }
 
@@ -144,19 +154,22 @@ impl<'a> Trainer<'a> {
         tm.data_seconds = (t1 - t0).as_secs_f64();
 
         let lr = optim::lr_at(&self.cfg.optim, self.step + 1, self.p.total);
-        let mut pass = self.forward_backward(&x, &y, &mut tm, &proposed, stop, lr)?;
-        // While words lag, the global loss comes late: a rank whose own loss
-        // is not finite stops now, before a checkpoint can keep its update.
-        if self.lag > 0 && !pass.local_loss.is_finite() {
+        let mut pass =
+            self.forward_backward(&x, &y, &mut tm, word_now.then_some(&proposed), stop, lr)?;
+        // While words lag or skip steps, the global loss comes late: a rank
+        // whose own loss is not finite stops now, before a checkpoint can
+        // keep its update.
+        if (self.lag > 0 || self.word_every > 1) && !pass.local_loss.is_finite() {
             return Err(TrainerError::Data(format!(
                 "loss became {} at step {}; lower --lr",
                 pass.local_loss,
                 self.step + 1
             )));
         }
-        let word = std::mem::replace(&mut pass.word, Tensor::new());
-        let word_work = pass.word_work.take();
-        self.push_word(word, word_work, proposed);
+        if let Some(word) = pass.word.take() {
+            let word_work = pass.word_work.take();
+            self.push_word(word, word_work, proposed);
+        }
         // Summed over the members (alone: its own loss, weighted by 1).
         let fresh = self.take_words()?;
         let global_loss = if self.pg.is_some() {
@@ -233,7 +246,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Forward and backward of this rank's batch, starting the control word
-    /// (`proposed`, the stop request, the weighted loss) between them.
+    /// (`proposed`, the stop request, the weighted loss) between them at a
+    /// step that has one (`proposed` given).
     /// Forward and backward times exclude waiting inside collectives
     /// (synchronised BatchNorm).
     fn forward_backward(
@@ -241,7 +255,7 @@ impl<'a> Trainer<'a> {
         x: &Tensor,
         y: &Tensor,
         tm: &mut StepTimings,
-        proposed: &control::Proposal,
+        proposed: Option<&control::Proposal>,
         stop: &AtomicBool,
         lr: f64,
     ) -> Result<Pass<'a>> {
@@ -267,14 +281,20 @@ impl<'a> Trainer<'a> {
         let scale = self.share();
         // On the whole group: a left-out rank adds no loss (and no plan
         // unless it is rank 0, which always trains).
-        let mut word = control::encode(
-            self.cfg.dist.rank,
-            self.cfg.dist.world_size,
-            proposed,
-            stop.load(Ordering::SeqCst),
-            local_loss * scale,
-        );
-        let word_work = self.start_sum(&mut word)?;
+        let (word, word_work) = match proposed {
+            Some(proposed) => {
+                let mut word = control::encode(
+                    self.cfg.dist.rank,
+                    self.cfg.dist.world_size,
+                    proposed,
+                    stop.load(Ordering::SeqCst),
+                    local_loss * scale,
+                );
+                let work = self.start_sum(&mut word)?;
+                (Some(word), work)
+            }
+            None => (None, None),
+        };
 
         zero_grads(&self.p.params);
         // The b_r / B weight goes into the loss, so the SUM of the ranks'
@@ -399,6 +419,7 @@ impl<'a> Trainer<'a> {
             overlapped_buckets: overlap.map(|o| o.0),
             updated_in_backward: updated.map(|u| u.early),
             optimizer_elements: hi - lo,
+            control_word: self.word_now,
             unix_seconds: crate::log::unix_seconds(),
         });
         self.p
@@ -408,6 +429,15 @@ impl<'a> Trainer<'a> {
             .record(b_local, tm.compute_seconds(), step_s, !self.warm);
         self.warm = false;
         self.global_loss = global_loss;
+        let now = Instant::now();
+        if let Some(last) = self.last_end.replace(now) {
+            let wall = (now - last).as_secs_f64();
+            self.step_ema = if self.step_ema > 0.0 {
+                0.8 * self.step_ema + 0.2 * wall
+            } else {
+                wall
+            };
+        }
         Ok(())
     }
 
@@ -419,6 +449,7 @@ impl<'a> Trainer<'a> {
             return control::Proposal {
                 plan: self.plan.clone(),
                 lag: 0,
+                every: 1,
             };
         }
         let mut proposed = self.offer.take().unwrap_or_else(|| self.plan.clone());
@@ -446,6 +477,7 @@ impl<'a> Trainer<'a> {
         control::Proposal {
             plan: proposed,
             lag,
+            every: control::word_interval(self.cfg.dist.control_interval_ms, self.step_ema),
         }
     }
 }
