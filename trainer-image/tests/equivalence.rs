@@ -80,6 +80,42 @@ fn check_split(model: &str) {
     assert!(max_abs_diff(&init, &want) > 1e-3);
 }
 
+/// Per rank, the step records' (step, generation, `field`), `field` read
+/// by `get`.
+fn step_log<T>(
+    out: &Path,
+    ranks: usize,
+    get: impl Fn(&serde_json::Value) -> T,
+) -> Vec<Vec<(u64, u64, T)>> {
+    (0..ranks)
+        .map(|r| {
+            steps(&log_records(out, r))
+                .iter()
+                .map(|s| {
+                    (
+                        s["step"].as_u64().unwrap(),
+                        s["generation"].as_u64().unwrap(),
+                        get(s),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The step at which every rank first ran generation 1 (the same on all).
+fn switch_step<T>(logs: &[Vec<(u64, u64, T)>]) -> u64 {
+    let switch: Vec<u64> = logs
+        .iter()
+        .map(|l| l.iter().find(|x| x.1 == 1).expect("switched").0)
+        .collect();
+    assert!(
+        switch.iter().all(|&s| s == switch[0]),
+        "switch steps {switch:?}"
+    );
+    switch[0]
+}
+
 #[test]
 fn equivalence_mlp_20_9_3_matches_single_process() {
     check_split("mlp");
@@ -113,33 +149,9 @@ fn equivalence_with_plan_change_mid_run() {
         let d = max_abs_diff(&want, &got);
         assert!(d <= 1e-5, "{model}: max |Δparam| = {d:e}");
         // All ranks switched at the same step, from (16,8,8) to (28,3,1).
-        let logs: Vec<Vec<(u64, u64, u64)>> = (0..3)
-            .map(|r| {
-                steps(&log_records(&out, r))
-                    .iter()
-                    .map(|s| {
-                        (
-                            s["step"].as_u64().unwrap(),
-                            s["generation"].as_u64().unwrap(),
-                            s["batch_size"].as_u64().unwrap(),
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        let switch: Vec<u64> = logs
-            .iter()
-            .map(|l| l.iter().find(|x| x.1 == 1).expect("switched").0)
-            .collect();
-        assert!(
-            switch.iter().all(|&s| s == switch[0]),
-            "switch steps {switch:?}"
-        );
-        assert!(
-            (10..=14).contains(&switch[0]),
-            "switched at step {}",
-            switch[0]
-        );
+        let logs = step_log(&out, 3, |s| s["batch_size"].as_u64().unwrap());
+        let switch = switch_step(&logs);
+        assert!((10..=14).contains(&switch), "switched at step {switch}");
         for (r, (before, after)) in [(16, 28), (8, 3), (8, 1)].into_iter().enumerate() {
             for &(step, gen, b) in &logs[r] {
                 assert_eq!(
@@ -189,20 +201,7 @@ fn sparse_control_words_switch_every_rank_at_the_same_step() {
     assert_all_ok(&wait_all(children, Duration::from_secs(120)));
     let d = max_abs_diff(&want, &load_weights(&out.join("model.safetensors")));
     assert!(d <= 1e-5, "max |Δparam| = {d:e}");
-    let logs: Vec<Vec<(u64, u64, bool)>> = (0..3)
-        .map(|r| {
-            steps(&log_records(&out, r))
-                .iter()
-                .map(|s| {
-                    (
-                        s["step"].as_u64().unwrap(),
-                        s["generation"].as_u64().unwrap(),
-                        s["control_word"].as_bool().unwrap(),
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let logs = step_log(&out, 3, |s| s["control_word"].as_bool().unwrap());
     let words: Vec<Vec<u64>> = logs
         .iter()
         .map(|l| l.iter().filter(|x| x.2).map(|x| x.0).collect())
@@ -221,18 +220,10 @@ fn sparse_control_words_switch_every_rank_at_the_same_step() {
         "words spaced out: {:?}",
         words[0]
     );
-    let switch: Vec<u64> = logs
-        .iter()
-        .map(|l| l.iter().find(|x| x.1 == 1).expect("switched").0)
-        .collect();
+    let switch = switch_step(&logs);
     assert!(
-        switch.iter().all(|&s| s == switch[0]),
-        "switch steps {switch:?}"
-    );
-    assert!(
-        words[0].contains(&(switch[0] - 1)),
-        "switched at step {} without a word at the step before: {:?}",
-        switch[0],
+        words[0].contains(&(switch - 1)),
+        "switched at step {switch} without a word at the step before: {:?}",
         words[0]
     );
 }
