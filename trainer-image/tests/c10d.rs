@@ -89,10 +89,11 @@ fn dead_peer_is_an_error_within_the_collective_timeout() {
 }
 
 /// Under a sharded layout the Reducer sums each gradient element only for
-/// its owner: rank 0 owns flat elements [0, 3) (a cut through the first
-/// parameter), rank 1 [3, 7). Each owner holds the exact sum of its
-/// elements and its own local gradient elsewhere; without shards every
-/// rank holds the whole sum.
+/// its owner: the flat buffer holds b (3 elements) then a (4), rank 0 owns
+/// flat elements [0, 5) (b and a cut after its second element), rank 1
+/// [5, 7). Each owner holds the exact sum of its elements and its own
+/// local gradient elsewhere; without shards every rank holds the whole
+/// sum.
 #[test]
 fn sharded_buckets_are_summed_for_their_owners_only() {
     use heterotrain_trainer::shard::FlatParams;
@@ -133,7 +134,7 @@ fn sharded_buckets_are_summed_for_their_owners_only() {
                             .collect();
                         g
                     };
-                    let sharded = step(Some(&[(0, 3), (3, 7)]));
+                    let sharded = step(Some(&[(0, 5), (5, 7)]));
                     let replicated = step(None);
                     (sharded, replicated)
                 })
@@ -144,9 +145,11 @@ fn sharded_buckets_are_summed_for_their_owners_only() {
     let local = |rank: usize, i: usize| (rank as f32 + 1.0) * (i as f32 + 1.0);
     let sum = |i: usize| local(0, i) + local(1, i);
     for (rank, (sharded, replicated)) in results.iter().enumerate() {
-        let owned = if rank == 0 { 0..3 } else { 3..7 };
+        let owned = if rank == 0 { 0..5 } else { 5..7 };
         for i in 0..7 {
-            let want = if owned.contains(&i) {
+            // Element i of a then b sits at this flat position.
+            let at = if i < 4 { 3 + i } else { i - 4 };
+            let want = if owned.contains(&at) {
                 sum(i)
             } else {
                 local(rank, i)
