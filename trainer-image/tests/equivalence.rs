@@ -80,6 +80,34 @@ fn check_split(model: &str) {
     assert!(max_abs_diff(&init, &want) > 1e-3);
 }
 
+/// What a multi-rank test starts from: one process's parameters for the
+/// arguments `with` gives (the reference, run in `dir/single`), then the
+/// multi-rank run's output folder, its plan file (generation 0: `first`)
+/// and its arguments (`with` plus the plan file).
+struct Setup {
+    want: std::collections::HashMap<String, tch::Tensor>,
+    out: std::path::PathBuf,
+    plan: std::path::PathBuf,
+    args: Vec<String>,
+}
+
+fn reference_then_plan(dir: &Path, with: impl Fn(&Path) -> Vec<String>, first: &[u32]) -> Setup {
+    let single = dir.join("single");
+    run_ok(1, &with(&single));
+    let want = load_weights(&single.join("model.safetensors"));
+    let out = dir.join("multi");
+    let plan = dir.join("plan.json");
+    write_plan(&plan, 0, first);
+    let mut args = with(&out);
+    args.extend(path_arg("--plan-file", &plan));
+    Setup {
+        want,
+        out,
+        plan,
+        args,
+    }
+}
+
 /// Per rank, the step records' (step, generation, `field`), `field` read
 /// by `get`.
 fn step_log<T>(
@@ -178,14 +206,12 @@ fn sparse_control_words_switch_every_rank_at_the_same_step() {
         set_flag(&mut a, "--max-steps", "40");
         a
     };
-    let single = dir.path().join("single");
-    run_ok(1, &with(&single));
-    let want = load_weights(&single.join("model.safetensors"));
-    let out = dir.path().join("multi");
-    let plan = dir.path().join("plan.json");
-    write_plan(&plan, 0, &[16, 8, 8]);
-    let mut a = with(&out);
-    a.extend(path_arg("--plan-file", &plan));
+    let Setup {
+        want,
+        out,
+        plan,
+        args: mut a,
+    } = reference_then_plan(dir.path(), with, &[16, 8, 8]);
     a.extend(args(&[
         "--step-sleep-ms",
         "25",
@@ -359,15 +385,12 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
             a.extend(args(&["--optimizer", opt]));
             a
         };
-        let single = dir.path().join("single");
-        run_ok(1, &with(&single));
-        let want = load_weights(&single.join("model.safetensors"));
-
-        let out = dir.path().join("multi");
-        let plan = dir.path().join("plan.json");
-        write_plan(&plan, 0, &[16, 15, 1]);
-        let mut a = with(&out);
-        a.extend(path_arg("--plan-file", &plan));
+        let Setup {
+            want,
+            out,
+            plan,
+            args: mut a,
+        } = reference_then_plan(dir.path(), with, &[16, 15, 1]);
         a.extend(args(&["--step-sleep-ms", "150"]));
         let children = spawn_ranks(3, &a);
         assert!(
@@ -451,15 +474,12 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
             ]));
             a
         };
-        let single = dir.path().join("single");
-        run_ok(1, &with(&single));
-        let want = load_weights(&single.join("model.safetensors"));
-
-        let out = dir.path().join("multi");
-        let plan = dir.path().join("plan.json");
-        write_plan(&plan, 0, &[16, 8, 8]);
-        let mut a = with(&out);
-        a.extend(path_arg("--plan-file", &plan));
+        let Setup {
+            want,
+            out,
+            plan,
+            args: mut a,
+        } = reference_then_plan(dir.path(), with, &[16, 8, 8]);
         a.extend(args(&["--step-sleep-ms", "150"]));
         let children = spawn_ranks(3, &a);
         assert!(
@@ -523,7 +543,7 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
                 .map(|e| e["eval_loss"].as_f64().unwrap())
                 .collect()
         };
-        let (one, three) = (evals(&single), evals(&out));
+        let (one, three) = (evals(&dir.path().join("single")), evals(&out));
         assert!(
             one.len() >= 2 && one.len() == three.len(),
             "{what}: {one:?} {three:?}"
@@ -576,15 +596,12 @@ fn a_stalled_left_out_rank_does_not_hold_up_the_training_rank() {
         set_flag(&mut a, "--max-steps", "40");
         a
     };
-    let single = dir.path().join("single");
-    run_ok(1, &with(&single));
-    let want = load_weights(&single.join("model.safetensors"));
-
-    let out = dir.path().join("multi");
-    let plan = dir.path().join("plan.json");
-    write_plan(&plan, 0, &[32, 0]);
-    let mut a = with(&out);
-    a.extend(path_arg("--plan-file", &plan));
+    let Setup {
+        want,
+        out,
+        args: mut a,
+        ..
+    } = reference_then_plan(dir.path(), with, &[32, 0]);
     a.extend(args(&[
         "--step-sleep-ms",
         "100",
