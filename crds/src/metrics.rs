@@ -21,6 +21,18 @@ pub const COMPUTE_SECONDS_TOTAL: &str = "heterotrain_compute_seconds_total";
 pub const COMPUTE_SECONDS_PER_SAMPLE: &str = "heterotrain_compute_seconds_per_sample";
 /// Gauge: compute seconds of the last step.
 pub const LAST_STEP_COMPUTE_SECONDS: &str = "heterotrain_last_step_compute_seconds";
+/// Gauge: how far this rank's slow steps run over its typical one: the
+/// 90th percentile minus the median of the compute seconds of its last
+/// [`SPREAD_WINDOW`] steps at its current local batch (0 until
+/// [`SPREAD_MIN_STEPS`] such steps). A synchronous step waits for the
+/// slowest rank *that step*, so a rank whose compute jumps (a CPU quota's
+/// next period, a shared device) holds the others up more often than its
+/// mean shows; the live policies plan with it.
+pub const COMPUTE_SPREAD_SECONDS: &str = "heterotrain_compute_spread_seconds";
+/// Steps behind [`COMPUTE_SPREAD_SECONDS`].
+pub const SPREAD_WINDOW: usize = 32;
+/// Steps at one batch before [`COMPUTE_SPREAD_SECONDS`] is reported.
+pub const SPREAD_MIN_STEPS: usize = 8;
 /// Gauge: current local batch size.
 pub const LOCAL_BATCH_SIZE: &str = "heterotrain_local_batch_size";
 /// Gauge: generation of the plan in use.

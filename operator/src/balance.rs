@@ -170,6 +170,9 @@ impl JobBalancer {
         }
         self.observe_communication(rank, m);
         self.observe_step_time(rank, batch, m);
+        if let Some(spread) = m.compute_spread_seconds {
+            let _ = self.inner.observe_compute_spread(rank, spread);
+        }
         match sample {
             Some(seconds) => self.inner.observe_step(rank, batch, seconds).is_ok(),
             None => false,

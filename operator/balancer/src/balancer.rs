@@ -157,6 +157,33 @@ impl Balancer {
         Ok(())
     }
 
+    /// How far `rank`'s slow steps' compute runs over its typical one (the
+    /// trainer's 90th percentile minus median of recent steps), smoothed
+    /// exponentially. A synchronous step waits for the slowest rank of
+    /// *that* step, so the live policies (dynamic, hybrid) plan each rank
+    /// at its typical compute plus this spread: a rank whose compute
+    /// jumps (a CPU quota's next period) gets fewer samples than its mean
+    /// alone would give it, and holds the others up less often. Errors
+    /// when `seconds` is not finite and ≥ 0.
+    pub fn observe_compute_spread(
+        &mut self,
+        rank: usize,
+        seconds: f64,
+    ) -> Result<(), BalancerError> {
+        let r = self.rank_mut(rank)?;
+        if !seconds.is_finite() || seconds < 0.0 {
+            return Err(BalancerError::InvalidSample {
+                rank,
+                reason: format!("compute spread seconds {seconds}"),
+            });
+        }
+        r.spread = Some(match r.spread {
+            Some(old) => old + COMMUNICATION_SMOOTHING * (seconds - old),
+            None => seconds,
+        });
+        Ok(())
+    }
+
     /// One measured wall-clock step of `rank` at local batch `batch`: its
     /// compute plus its exposed communication, the whole synchronous step
     /// as it saw it (an average over several steps is one sample). The

@@ -30,8 +30,28 @@ pub(crate) fn live_fixed(rank: &RankState) -> f64 {
     rank.profile.map_or(0.0, |p| p.fixed_seconds)
 }
 
-/// The model of one rank under `policy`, from its own data only.
+/// The model of one rank under `policy`, from its own data only. The live
+/// policies plan a rank at its typical compute plus its spread (at most
+/// the compute it last reported): a synchronous step waits for whichever
+/// rank is slowest that step, so a rank whose compute jumps is planned at
+/// its slow steps, not at its mean.
 fn own_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<StepModel> {
+    let model = base_model(policy, rank, prior_weight)?;
+    if !matches!(policy, Policy::Dynamic | Policy::Hybrid) {
+        return Some(model);
+    }
+    let spread = rank
+        .spread
+        .unwrap_or(0.0)
+        .min(rank.last_seconds.unwrap_or(0.0))
+        .max(0.0);
+    Some(StepModel {
+        fixed_seconds: model.fixed_seconds + spread,
+        ..model
+    })
+}
+
+fn base_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<StepModel> {
     match policy {
         Policy::Static | Policy::SeedFormula => best_estimate(rank),
         Policy::Proportional => rank.profile,

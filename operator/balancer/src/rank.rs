@@ -37,6 +37,9 @@ pub(crate) struct RankState {
     /// Exposed communication per step (seconds, exponentially smoothed):
     /// the step time this rank spent not computing.
     pub communication: Option<f64>,
+    /// How far its slow steps' compute runs over its typical one (seconds,
+    /// exponentially smoothed; see [`crate::Balancer::observe_compute_spread`]).
+    pub spread: Option<f64>,
     /// Start-up communication figures (see [`crate::exchange`]).
     pub link: Option<Link>,
     /// Decisions in a row this rank has been left out (batch 0 in the
@@ -92,6 +95,7 @@ impl RankState {
             profile_trusted: true,
             refits_since_decision: 0,
             communication: None,
+            spread: None,
             link: None,
             out_decisions: 0,
             readmit_factor: 1,

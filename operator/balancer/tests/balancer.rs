@@ -51,6 +51,42 @@ fn dynamic_starts_equal_then_follows_measured_speeds() {
 }
 
 #[test]
+fn a_rank_whose_compute_jumps_is_planned_at_its_slow_steps() {
+    // Four equal ranks at 32 samples: 64 ms of compute each.
+    let c = [0.002; 4];
+    let plan = [32, 32, 32, 32];
+    let run = |spread: &[f64; 4], policy: Policy| {
+        let mut bal = balancer(policy, 128);
+        feed(&mut bal, &plan, &c, 20);
+        for (r, &s) in spread.iter().enumerate() {
+            bal.observe_compute_spread(r, s).expect("valid spread");
+        }
+        bal.decide(&plan).expect("decide")
+    };
+    // Equal spreads change nothing.
+    assert!(run(&[0.01; 4], Policy::Dynamic).plan.is_none());
+    // Rank 3's slow steps run 24 ms over its typical 64 ms (a CPU quota's
+    // next period): planned at them, it gives up 9 samples to the others,
+    // so that every rank's slow step is the same 70 ms.
+    let d = run(&[0.0, 0.0, 0.0, 0.024], Policy::Dynamic);
+    assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
+    assert!((d.predicted_step_seconds - 0.070).abs() < 1e-9, "{d:?}");
+    let d = run(&[0.0, 0.0, 0.0, 0.024], Policy::Hybrid);
+    assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
+    // Policies that do not measure live ignore it.
+    assert!(run(&[0.0, 0.0, 0.0, 0.024], Policy::Static).plan.is_none());
+    // A spread past the rank's compute counts as its compute (64 ms):
+    // rank 3 keeps a share.
+    let d = run(&[0.0, 0.0, 0.0, 1.0], Policy::Dynamic);
+    assert_eq!(plan_of(&d), vec![40, 40, 40, 8]);
+    // Bad figures are refused.
+    let mut bal = balancer(Policy::Dynamic, 128);
+    assert!(bal.observe_compute_spread(0, f64::NAN).is_err());
+    assert!(bal.observe_compute_spread(0, -1.0).is_err());
+    assert!(bal.observe_compute_spread(9, 0.0).is_err());
+}
+
+#[test]
 fn hysteresis_keeps_a_plan_that_is_nearly_optimal() {
     let mut bal = balancer(Policy::Dynamic, 235);
     // 2% off the optimum 100/70/40/25.

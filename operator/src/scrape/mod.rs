@@ -61,6 +61,9 @@ pub struct RankMetrics {
     pub samples_total: Option<f64>,
     pub local_batch: Option<u32>,
     pub last_step_compute_seconds: Option<f64>,
+    /// How far the rank's slow steps' compute runs over its typical one
+    /// (`heterotrain_compute_spread_seconds`).
+    pub compute_spread_seconds: Option<f64>,
     pub step: Option<u64>,
     pub epoch: Option<u32>,
     /// The step the run ends at.
@@ -165,6 +168,7 @@ impl RankMetrics {
                 .and_then(count)
                 .map(|v| v.min(u64::from(u32::MAX)) as u32),
             last_step_compute_seconds: get(m::LAST_STEP_COMPUTE_SECONDS),
+            compute_spread_seconds: get(m::COMPUTE_SPREAD_SECONDS).filter(|s| *s >= 0.0),
             step: get(m::STEP).and_then(count),
             total_steps: get(m::TOTAL_STEPS).and_then(count).filter(|&t| t > 0),
             epoch: get(m::EPOCH)

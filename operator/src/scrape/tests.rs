@@ -7,6 +7,7 @@ heterotrain_steps_total 12
 heterotrain_compute_seconds_total 3.5
 # TYPE heterotrain_local_batch_size gauge
 heterotrain_local_batch_size 16
+heterotrain_compute_spread_seconds 0.012
 heterotrain_step 12
 heterotrain_epoch 1
 heterotrain_plan_generation 2
@@ -25,6 +26,7 @@ fn parses_trainer_exposition() {
     assert_eq!(r.steps_total, Some(12.0));
     assert_eq!(r.compute_seconds_total, Some(3.5));
     assert_eq!(r.local_batch, Some(16));
+    assert_eq!(r.compute_spread_seconds, Some(0.012));
     assert_eq!(r.step, Some(12));
     assert_eq!(r.epoch, Some(1));
     assert_eq!(r.plan_generation, Some(2));

@@ -37,6 +37,9 @@ pub struct TrainerMetrics {
     compute_seconds: FloatCounter,
     compute_per_sample: FloatGauge,
     last_step_compute: FloatGauge,
+    compute_spread: FloatGauge,
+    /// Recent compute seconds behind `compute_spread`.
+    spread: Mutex<Spread>,
     local_batch: Gauge,
     plan_generation: Gauge,
     plan_rejected: Family<ReasonLabels, Counter>,
@@ -66,6 +69,43 @@ pub struct TrainerMetrics {
     gpu: Option<GpuGauges>,
     /// Smoothing state of compute seconds per sample.
     ema: Mutex<Option<f64>>,
+}
+
+/// The compute seconds of a rank's last steps at one local batch, and how
+/// far its slow ones run over its typical one
+/// ([`heterotrain_crds::metrics::COMPUTE_SPREAD_SECONDS`]).
+#[derive(Debug, Default)]
+pub(crate) struct Spread {
+    batch: u32,
+    recent: std::collections::VecDeque<f64>,
+}
+
+impl Spread {
+    /// One step's compute at `batch`: the 90th percentile minus the median
+    /// of the window, once it holds enough steps at this batch (a new
+    /// batch starts it afresh; a step without samples or a time that is
+    /// not finite is left out).
+    pub(crate) fn push(&mut self, batch: u32, seconds: f64) -> Option<f64> {
+        use heterotrain_crds::metrics::{SPREAD_MIN_STEPS, SPREAD_WINDOW};
+        if batch != self.batch {
+            self.batch = batch;
+            self.recent.clear();
+        }
+        if batch == 0 || !seconds.is_finite() || seconds < 0.0 {
+            return None;
+        }
+        if self.recent.len() == SPREAD_WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(seconds);
+        if self.recent.len() < SPREAD_MIN_STEPS {
+            return None;
+        }
+        let mut v: Vec<f64> = self.recent.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Some((at(0.9) - at(0.5)).max(0.0))
+    }
 }
 
 impl TrainerMetrics {
@@ -100,6 +140,16 @@ impl TrainerMetrics {
         let compute = tm.compute_seconds();
         self.compute_seconds.inc_by(compute.max(0.0));
         self.last_step_compute.set(compute);
+        // After a plan change the last figure stands until the new batch
+        // has enough steps of its own.
+        if let Some(v) = self
+            .spread
+            .lock()
+            .ok()
+            .and_then(|mut s| s.push(local_batch, compute))
+        {
+            self.compute_spread.set(v);
+        }
         if local_batch > 0 {
             let per = compute / f64::from(local_batch);
             if let Ok(mut ema) = self.ema.lock() {

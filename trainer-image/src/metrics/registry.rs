@@ -139,6 +139,11 @@ impl TrainerMetrics {
             m::LAST_STEP_COMPUTE_SECONDS,
             "Compute seconds of the last step",
         );
+        let compute_spread = g(
+            &mut r,
+            m::COMPUTE_SPREAD_SECONDS,
+            "90th percentile minus median of the compute seconds of this rank's recent steps at its current local batch",
+        );
         let local_batch = gi(&mut r, m::LOCAL_BATCH_SIZE, "Current local batch size");
         let plan_generation = gi(&mut r, m::PLAN_GENERATION, "Generation of the plan in use");
         let plan_rejected = Family::<ReasonLabels, Counter>::default();
@@ -276,6 +281,8 @@ impl TrainerMetrics {
             compute_seconds,
             compute_per_sample,
             last_step_compute,
+            compute_spread,
+            spread: Mutex::new(super::Spread::default()),
             local_batch,
             plan_generation,
             plan_rejected,

@@ -66,3 +66,51 @@ fn the_bottleneck_gauge_follows_the_smoothed_dominant_phase() {
     assert_eq!(gauge(&text, "communication"), "1");
     assert_eq!(gauge(&text, "compute"), "0");
 }
+
+#[test]
+fn the_spread_is_the_tail_over_the_median_at_one_batch() {
+    let mut s = Spread::default();
+    // Seven steps are too few.
+    for _ in 0..7 {
+        assert_eq!(s.push(10, 0.030), None);
+    }
+    // Steady steps: no spread.
+    assert_eq!(s.push(10, 0.030), Some(0.0));
+    // One step in four 20 ms late (a CPU quota's next period): the 90th
+    // percentile is a late step, the median a typical one.
+    for i in 0..24 {
+        s.push(10, if i % 4 == 0 { 0.050 } else { 0.030 });
+    }
+    let got = s.push(10, 0.030).unwrap_or(f64::NAN);
+    assert!((got - 0.020).abs() < 1e-12, "{got}");
+    // A new batch starts afresh, and a batch of 0 reports nothing.
+    assert_eq!(s.push(12, 0.036), None);
+    assert_eq!(s.push(0, 0.0), None);
+    assert_eq!(s.push(0, f64::NAN), None);
+}
+
+#[test]
+fn the_spread_gauge_follows_the_steps() {
+    let mx = TrainerMetrics::new(None);
+    let tm = |c: f64| StepTimings {
+        forward_seconds: c,
+        ..StepTimings::default()
+    };
+    for i in 0..32 {
+        mx.observe_step(
+            i,
+            0,
+            8,
+            &tm(if i % 4 == 0 { 0.05 } else { 0.03 }),
+            0.06,
+            1.0,
+        );
+    }
+    let text = mx.encode();
+    let v: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("heterotrain_compute_spread_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN);
+    assert!((v - 0.02).abs() < 1e-9, "{text}");
+}
