@@ -46,6 +46,9 @@ pub struct RankReport {
     /// Mean whole step (compute + exposed communication) over the same
     /// measured steps (0 when none): what leave-out trials compare.
     pub mean_step_seconds: f64,
+    /// How far the rank's slow steps' compute runs over its typical one
+    /// (as `heterotrain_compute_spread_seconds`; 0 before enough steps).
+    pub spread_seconds: f64,
 }
 
 /// Accumulates a rank's compute and whole-step times at one batch size.
@@ -56,6 +59,10 @@ pub struct Interval {
     step_sum: f64,
     n: u32,
     last: f64,
+    /// Recent steps' compute, and the last spread it gave (kept across
+    /// plan changes until the new batch has enough steps).
+    recent: crate::metrics::Spread,
+    spread: f64,
 }
 
 impl Interval {
@@ -64,10 +71,15 @@ impl Interval {
     /// steps (first of a run or of a plan), which are not averaged.
     pub fn record(&mut self, batch: u32, compute_seconds: f64, step_seconds: f64, measure: bool) {
         self.last = compute_seconds;
+        if let Some(s) = self.recent.push(batch, compute_seconds) {
+            self.spread = s;
+        }
         if batch != self.batch {
             *self = Interval {
                 batch,
                 last: compute_seconds,
+                recent: std::mem::take(&mut self.recent),
+                spread: self.spread,
                 ..Default::default()
             };
         }
@@ -93,6 +105,7 @@ impl Interval {
             } else {
                 0.0
             },
+            spread_seconds: self.spread,
         }
     }
 
@@ -113,6 +126,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
         f64::from(mine.samples),
         mine.last_compute_seconds,
         mine.mean_step_seconds,
+        mine.spread_seconds,
     ]);
     let outs = pg.all_gather(&t)?;
     Ok(outs
@@ -126,6 +140,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
                 samples: at(2).max(0.0) as u32,
                 last_compute_seconds: at(3),
                 mean_step_seconds: at(4),
+                spread_seconds: at(5),
             }
         })
         .collect())
@@ -252,6 +267,7 @@ impl LocalBalancer {
                 let _ = self
                     .inner
                     .observe_step(r, rep.batch, rep.mean_compute_seconds);
+                let _ = self.inner.observe_compute_spread(r, rep.spread_seconds);
                 if rep.mean_step_seconds > 0.0 {
                     let comm = (rep.mean_step_seconds - rep.mean_compute_seconds).max(0.0);
                     let _ = self.inner.observe_communication(r, comm);
@@ -339,6 +355,45 @@ mod tests {
     }
 
     #[test]
+    fn interval_reports_the_spread_and_keeps_it_across_a_plan_change() {
+        let mut i = Interval::default();
+        for k in 0..32 {
+            i.record(8, if k % 4 == 0 { 0.5 } else { 0.3 }, 0.6, true);
+        }
+        assert!((i.report().spread_seconds - 0.2).abs() < 1e-12);
+        // A new batch: the last figure stands until it has steps enough.
+        i.record(12, 0.45, 0.6, true);
+        assert!((i.report().spread_seconds - 0.2).abs() < 1e-12);
+        for _ in 0..8 {
+            i.record(12, 0.45, 0.6, true);
+        }
+        assert_eq!(i.report().spread_seconds, 0.0);
+    }
+
+    #[test]
+    fn local_round_plans_a_jumpy_rank_at_its_slow_steps() {
+        let cfg = test_cfg();
+        let cur = BatchPlan::equal(0, 64, 2);
+        let report = |spread: f64| RankReport {
+            batch: 32,
+            mean_compute_seconds: 0.064,
+            samples: 5,
+            last_compute_seconds: 0.064,
+            mean_step_seconds: 0.07,
+            spread_seconds: spread,
+        };
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
+        for _ in 0..4 {
+            assert_eq!(lb.round(&[report(0.0), report(0.0)], &cur), None);
+        }
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
+        let p = (0..4)
+            .find_map(|_| lb.round(&[report(0.0), report(0.024)], &cur))
+            .expect("a new plan");
+        assert!(p.batch_sizes[0] > 32, "{:?}", p.batch_sizes);
+    }
+
+    #[test]
     fn status_line_is_one_compact_line() {
         let plan = BatchPlan::equal(3, 64, 2);
         let reps = [
@@ -371,6 +426,7 @@ mod tests {
                 samples: 5,
                 last_compute_seconds: 0.1,
                 mean_step_seconds: 0.3,
+                spread_seconds: 0.0,
             },
             RankReport {
                 batch: 32,
@@ -378,6 +434,7 @@ mod tests {
                 samples: 5,
                 last_compute_seconds: 0.3,
                 mean_step_seconds: 0.3,
+                spread_seconds: 0.0,
             },
         ];
         let p = lb.round(&reps, &cur).expect("a new plan");
@@ -401,6 +458,7 @@ mod tests {
             samples: if b > 0 { 5 } else { 0 },
             last_compute_seconds: 0.002 + per_sample * f64::from(b),
             mean_step_seconds: step,
+            spread_seconds: 0.0,
         };
         let mut left_out_at = None;
         for round in 0..60 {

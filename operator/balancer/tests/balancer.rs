@@ -79,6 +79,21 @@ fn a_rank_whose_compute_jumps_is_planned_at_its_slow_steps() {
     // rank 3 keeps a share.
     let d = run(&[0.0, 0.0, 0.0, 1.0], Policy::Dynamic);
     assert_eq!(plan_of(&d), vec![40, 40, 40, 8]);
+    // The spread rises fast and falls slowly: once rank 3's smaller batch
+    // fits its quota its spread vanishes, but one such reading does not
+    // hand the samples back.
+    let mut bal = balancer(Policy::Dynamic, 128);
+    feed(&mut bal, &plan, &c, 20);
+    bal.observe_compute_spread(3, 0.024).expect("valid spread");
+    bal.observe_compute_spread(3, 0.0).expect("valid spread");
+    let d = bal.decide(&plan).expect("decide");
+    assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
+    let mut bal = balancer(Policy::Dynamic, 128);
+    feed(&mut bal, &plan, &c, 20);
+    bal.observe_compute_spread(3, 0.0).expect("valid spread");
+    bal.observe_compute_spread(3, 0.048).expect("valid spread");
+    let d = bal.decide(&plan).expect("decide");
+    assert_eq!(plan_of(&d), vec![35, 35, 35, 23], "half way up at once");
     // Bad figures are refused.
     let mut bal = balancer(Policy::Dynamic, 128);
     assert!(bal.observe_compute_spread(0, f64::NAN).is_err());

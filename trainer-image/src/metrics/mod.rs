@@ -74,7 +74,7 @@ pub struct TrainerMetrics {
 /// The compute seconds of a rank's last steps at one local batch, and how
 /// far its slow ones run over its typical one
 /// ([`heterotrain_crds::metrics::COMPUTE_SPREAD_SECONDS`]).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Spread {
     batch: u32,
     recent: std::collections::VecDeque<f64>,
