@@ -77,7 +77,7 @@ fn paired_section(s: &mut String, r: &Results) {
     table_head(
         s,
         "Interleaved runs: paired ratios",
-        "In the 2-node scenarios every round runs the concurrent ideal (and, in `slow-node`, the best subset), then static, then dynamic (round 1 also the other policies), so that a ratio compares runs measured minutes apart under the same load; median (min–max, n rounds).",
+        "In the 2- and 4-node scenarios every round runs the concurrent ideal (and, in `slow-node`, the best subset), then static, then dynamic (round 1 also the other policies), so that a ratio compares runs measured minutes apart under the same load; median (min–max, n rounds).",
         "| model | scenario | rounds | dynamic / static | dynamic / ideal conc | static / ideal conc | dynamic / best subset |",
         "|---|---|---:|---:|---:|---:|---:|",
     );

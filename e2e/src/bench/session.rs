@@ -1,5 +1,5 @@
 //! A bench session's training part: for each model and scenario the two
-//! ideals, then every policy's run; the 2-node scenarios in interleaved
+//! ideals, then every policy's run; the 2- and 4-node scenarios in interleaved
 //! rounds (concurrent ideal, static, dynamic, …) so that paired ratios
 //! compare runs made under the same load.
 
@@ -20,7 +20,7 @@ pub struct TrainingOptions {
     pub scenarios: Vec<Scenario>,
     /// In the order they run; static first, the others are compared with it.
     pub policies: Vec<String>,
-    /// Rounds of the 2-node scenarios (later rounds run static and dynamic).
+    /// Rounds of the 2- and 4-node scenarios (later rounds run static and dynamic).
     pub rounds: u32,
     pub core_unit: f64,
     /// The jobs' `training.optimizerSharding`.
@@ -97,9 +97,10 @@ fn round_policies<'p>(policies: &'p [String], round: u32, sc: &Scenario) -> Vec<
         .collect()
 }
 
-/// Rounds of `sc`: interleaved for 2 nodes, one otherwise.
+/// Rounds of `sc`: interleaved for up to 4 nodes (the 2- and 4-node
+/// scenarios, whose targets are judged on paired medians), one otherwise.
 fn rounds_of(o: &TrainingOptions, sc: &Scenario) -> u32 {
-    if sc.nodes.len() == 2 {
+    if sc.nodes.len() <= 4 {
         o.rounds.max(1)
     } else {
         1

@@ -23,7 +23,7 @@ use heterotrain_e2e::bench::{
 with simulated nodes whose speed is a CPU quota, and the real operator. For each model and \
 scenario it first runs every rank alone on its node, one after another (the sequential ideal \
 is the sum of those rates) and all at the same time (the concurrent ideal), then trains the \
-same job under each balancing policy, one run at a time (2-node scenarios in --rounds \
+same job under each balancing policy, one run at a time (2- and 4-node scenarios in --rounds \
 interleaved rounds of concurrent ideal, static, dynamic), on scikit-learn's digits \
 (from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries for the conv nets, as 8x8 MNIST IDX files for the mlp) and reports held-out accuracy. It also reports plan \
 propagation latency, the trainer against PyTorch DDP, and the operator at 50/200/500 jobs × 8 \
@@ -56,7 +56,7 @@ struct Cli {
     /// Shorter runs (half the steps) and one round: a quick look, noisier numbers.
     #[arg(long)]
     quick: bool,
-    /// Interleaved rounds of the 2-node scenarios (concurrent ideal, static,
+    /// Interleaved rounds of the 2- and 4-node scenarios (concurrent ideal, static,
     /// dynamic; the first round also the other policies). Default 3, 1 with --quick.
     #[arg(long)]
     rounds: Option<u32>,

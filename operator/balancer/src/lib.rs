@@ -40,6 +40,6 @@ pub use config::{BalancerConfig, Policy, MAX_READMIT_FACTOR};
 pub use decision::Decision;
 pub use error::{BalancerError, SplitError};
 pub use model::{fit_profile, StepModel};
-pub use policy::seed_scores;
+pub use policy::{seed_scores, spread_weight};
 pub use quality::{balance_quality, Quality, QualityClass};
 pub use split::{continuous_split, max_step, optimal_split, optimal_split_bounded, Split};

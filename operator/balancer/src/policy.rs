@@ -31,24 +31,58 @@ pub(crate) fn live_fixed(rank: &RankState) -> f64 {
 }
 
 /// The model of one rank under `policy`, from its own data only. The live
-/// policies plan a rank at its typical compute plus its spread (at most
-/// the compute it last reported): a synchronous step waits for whichever
-/// rank is slowest that step, so a rank whose compute jumps is planned at
-/// its slow steps, not at its mean.
-fn own_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<StepModel> {
+/// policies plan a rank at its typical compute plus its weighted spread
+/// (at most the compute it last reported; see [`spread_weight`]): a
+/// synchronous step waits for whichever of the `training` ranks is slowest
+/// that step, so a rank whose compute jumps is planned nearer its slow
+/// steps than its mean.
+fn own_model(
+    policy: Policy,
+    rank: &mut RankState,
+    prior_weight: f64,
+    training: usize,
+) -> Option<StepModel> {
     let model = base_model(policy, rank, prior_weight)?;
     if !matches!(policy, Policy::Dynamic | Policy::Hybrid) {
         return Some(model);
     }
-    let spread = rank
-        .spread
-        .unwrap_or(0.0)
+    let spread = (spread_weight(training) * rank.spread.unwrap_or(0.0))
         .min(rank.last_seconds.unwrap_or(0.0))
         .max(0.0);
     Some(StepModel {
         fixed_seconds: model.fixed_seconds + spread,
         ..model
     })
+}
+
+/// E[max of n standard normal draws], n = 1..=16.
+const EXPECTED_MAX: [f64; 16] = [
+    0.0, 0.5642, 0.8463, 1.0294, 1.1630, 1.2672, 1.3522, 1.4236, 1.4850, 1.5388, 1.5864, 1.6292,
+    1.6680, 1.7034, 1.7359, 1.7660,
+];
+/// The standard normal's 90th percentile: (p90 − median) / this = σ.
+const NORMAL_P90: f64 = 1.2816;
+
+/// What a rank's spread (its 90th percentile minus median compute) adds
+/// to its planned compute when `n` ranks train: the slowest of n ranks
+/// with compute times spread like normals with σ = spread / 1.2816 runs
+/// about e_n·σ over their mean (e_2 = 0.56, e_4 = 1.03, e_8 = 1.42; past
+/// 16 ranks the Gumbel limit √(2 ln n) − (ln ln n + ln 4π − 2γ) / (2√(2 ln
+/// n))). So with two ranks a spread counts at 0.44 of its size, with four
+/// at 0.80, with eight at 1.11; with one, not at all.
+pub fn spread_weight(n: usize) -> f64 {
+    let e = match n {
+        0 | 1 => 0.0,
+        n if n <= EXPECTED_MAX.len() => EXPECTED_MAX[n - 1],
+        n => {
+            let l = (2.0 * (n as f64).ln()).sqrt();
+            let gumbel = ((n as f64).ln().ln() + (4.0 * std::f64::consts::PI).ln()
+                - 2.0 * 0.577_215_664_9)
+                / (2.0 * l);
+            (l - gumbel).max(EXPECTED_MAX[EXPECTED_MAX.len() - 1])
+        }
+    };
+    e / NORMAL_P90
 }
 
 fn base_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option<StepModel> {
@@ -95,9 +129,14 @@ pub(crate) fn policy_models(
     prior_weight: f64,
     window: usize,
 ) -> PolicyModels {
+    // The ranks that train now: the step is the slowest of them.
+    let training = ranks
+        .iter()
+        .filter(|r| !r.left_out && r.last_batch.is_some_and(|b| b > 0))
+        .count();
     let own: Vec<Option<StepModel>> = ranks
         .iter_mut()
-        .map(|r| own_model(policy, r, prior_weight).filter(StepModel::is_valid))
+        .map(|r| own_model(policy, r, prior_weight, training).filter(StepModel::is_valid))
         .collect();
     let mut a: Vec<f64> = own.iter().flatten().map(|m| m.fixed_seconds).collect();
     let mut c: Vec<f64> = own.iter().flatten().map(|m| m.per_sample_seconds).collect();

@@ -1,7 +1,9 @@
 //! Behaviour of the stateful balancer: policies, hysteresis, damping,
 //! stragglers, staleness, errors and reasons.
 
-use heterotrain_balancer::{Balancer, BalancerConfig, BalancerError, Decision, Policy};
+use heterotrain_balancer::{
+    spread_weight, Balancer, BalancerConfig, BalancerError, Decision, Policy,
+};
 
 /// Per-sample seconds of four ranks with speeds 1 : 0.7 : 0.4 : 0.25.
 const C: [f64; 4] = [0.002, 0.002 / 0.7, 0.002 / 0.4, 0.002 / 0.25];
@@ -51,10 +53,29 @@ fn dynamic_starts_equal_then_follows_measured_speeds() {
 }
 
 #[test]
-fn a_rank_whose_compute_jumps_is_planned_at_its_slow_steps() {
+fn the_spread_counts_as_the_expected_slowest_of_n_ranks() {
+    // E[max of n standard normals] / the normal's p90 (1.2816).
+    assert_eq!(spread_weight(0), 0.0);
+    assert_eq!(spread_weight(1), 0.0);
+    for (n, e) in [(2, 0.5642), (4, 1.0294), (8, 1.4236), (16, 1.7660)] {
+        assert!((spread_weight(n) - e / 1.2816).abs() < 1e-12, "{n}");
+    }
+    // Past the table: the Gumbel limit (E[max of 1024] ≈ 3.24), rising.
+    assert!((spread_weight(1024) * 1.2816 - 3.24).abs() < 0.1);
+    let w: Vec<f64> = (1..2000).map(spread_weight).collect();
+    assert!(
+        w.windows(2).all(|p| p[1] >= p[0]),
+        "never falls with more ranks"
+    );
+}
+
+#[test]
+fn a_rank_whose_compute_jumps_is_planned_nearer_its_slow_steps() {
     // Four equal ranks at 32 samples: 64 ms of compute each.
     let c = [0.002; 4];
     let plan = [32, 32, 32, 32];
+    // A spread that counts as 24 ms among four ranks.
+    let s = 0.024 / spread_weight(4);
     let run = |spread: &[f64; 4], policy: Policy| {
         let mut bal = balancer(policy, 128);
         feed(&mut bal, &plan, &c, 20);
@@ -65,16 +86,16 @@ fn a_rank_whose_compute_jumps_is_planned_at_its_slow_steps() {
     };
     // Equal spreads change nothing.
     assert!(run(&[0.01; 4], Policy::Dynamic).plan.is_none());
-    // Rank 3's slow steps run 24 ms over its typical 64 ms (a CPU quota's
-    // next period): planned at them, it gives up 9 samples to the others,
-    // so that every rank's slow step is the same 70 ms.
-    let d = run(&[0.0, 0.0, 0.0, 0.024], Policy::Dynamic);
+    // Rank 3's slow steps run over its typical 64 ms (a CPU quota's next
+    // period): planned at 24 ms more, it gives up 9 samples to the others,
+    // so that every rank's planned step is the same 70 ms.
+    let d = run(&[0.0, 0.0, 0.0, s], Policy::Dynamic);
     assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
     assert!((d.predicted_step_seconds - 0.070).abs() < 1e-9, "{d:?}");
-    let d = run(&[0.0, 0.0, 0.0, 0.024], Policy::Hybrid);
+    let d = run(&[0.0, 0.0, 0.0, s], Policy::Hybrid);
     assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
     // Policies that do not measure live ignore it.
-    assert!(run(&[0.0, 0.0, 0.0, 0.024], Policy::Static).plan.is_none());
+    assert!(run(&[0.0, 0.0, 0.0, s], Policy::Static).plan.is_none());
     // A spread past the rank's compute counts as its compute (64 ms):
     // rank 3 keeps a share.
     let d = run(&[0.0, 0.0, 0.0, 1.0], Policy::Dynamic);
@@ -84,16 +105,32 @@ fn a_rank_whose_compute_jumps_is_planned_at_its_slow_steps() {
     // hand the samples back.
     let mut bal = balancer(Policy::Dynamic, 128);
     feed(&mut bal, &plan, &c, 20);
-    bal.observe_compute_spread(3, 0.024).expect("valid spread");
+    bal.observe_compute_spread(3, s).expect("valid spread");
     bal.observe_compute_spread(3, 0.0).expect("valid spread");
     let d = bal.decide(&plan).expect("decide");
     assert_eq!(plan_of(&d), vec![35, 35, 35, 23]);
     let mut bal = balancer(Policy::Dynamic, 128);
     feed(&mut bal, &plan, &c, 20);
     bal.observe_compute_spread(3, 0.0).expect("valid spread");
-    bal.observe_compute_spread(3, 0.048).expect("valid spread");
+    bal.observe_compute_spread(3, 2.0 * s)
+        .expect("valid spread");
     let d = bal.decide(&plan).expect("decide");
     assert_eq!(plan_of(&d), vec![35, 35, 35, 23], "half way up at once");
+    // With two ranks the same spread counts at 0.44 of its size, not 0.80.
+    let mut bal = Balancer::new(
+        BalancerConfig {
+            policy: Policy::Dynamic,
+            global_batch_size: 128,
+            ..BalancerConfig::default()
+        },
+        2,
+    )
+    .expect("valid config");
+    feed(&mut bal, &[64, 64], &[0.002, 0.002], 20);
+    bal.observe_compute_spread(1, 0.024 / spread_weight(2))
+        .expect("valid spread");
+    let d = bal.decide(&[64, 64]).expect("decide");
+    assert_eq!(plan_of(&d), vec![70, 58]);
     // Bad figures are refused.
     let mut bal = balancer(Policy::Dynamic, 128);
     assert!(bal.observe_compute_spread(0, f64::NAN).is_err());
