@@ -144,24 +144,22 @@ impl Balancer {
         seconds: f64,
     ) -> Result<(), BalancerError> {
         let r = self.rank_mut(rank)?;
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(BalancerError::InvalidSample {
-                rank,
-                reason: format!("communication seconds {seconds}"),
-            });
-        }
-        r.communication = Some(match r.communication {
-            Some(old) => old + COMMUNICATION_SMOOTHING * (seconds - old),
-            None => seconds,
-        });
+        let seconds = non_negative(rank, seconds, "communication seconds")?;
+        r.communication = Some(smooth(
+            r.communication,
+            seconds,
+            COMMUNICATION_SMOOTHING,
+            COMMUNICATION_SMOOTHING,
+        ));
         Ok(())
     }
 
     /// How far `rank`'s slow steps' compute runs over its typical one (the
     /// trainer's 90th percentile minus median of recent steps), smoothed
-    /// exponentially: up fast, down slowly. A synchronous step waits for the slowest rank of
-    /// *that* step, so the live policies (dynamic, hybrid) plan each rank
-    /// at its typical compute plus this spread: a rank whose compute
+    /// exponentially: up fast, down slowly. A synchronous step waits for
+    /// the slowest rank of *that* step, so the live policies (dynamic,
+    /// hybrid) plan each rank at its typical compute plus this spread
+    /// (weighted by [`crate::spread_weight`]): a rank whose compute
     /// jumps (a CPU quota's next period) gets fewer samples than its mean
     /// alone would give it, and holds the others up less often. Errors
     /// when `seconds` is not finite and ≥ 0.
@@ -171,17 +169,8 @@ impl Balancer {
         seconds: f64,
     ) -> Result<(), BalancerError> {
         let r = self.rank_mut(rank)?;
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(BalancerError::InvalidSample {
-                rank,
-                reason: format!("compute spread seconds {seconds}"),
-            });
-        }
-        r.spread = Some(match r.spread {
-            Some(old) if seconds >= old => old + SPREAD_RISE * (seconds - old),
-            Some(old) => old + SPREAD_FALL * (seconds - old),
-            None => seconds,
-        });
+        let seconds = non_negative(rank, seconds, "compute spread seconds")?;
+        r.spread = Some(smooth(r.spread, seconds, SPREAD_RISE, SPREAD_FALL));
         Ok(())
     }
 
@@ -366,6 +355,28 @@ impl Balancer {
     /// else profile; `None` without data).
     pub fn models(&mut self) -> Vec<Option<StepModel>> {
         self.ranks.iter_mut().map(best_estimate).collect()
+    }
+}
+
+/// `seconds` when finite and ≥ 0, else the sample error for `rank`.
+fn non_negative(rank: usize, seconds: f64, what: &str) -> Result<f64, BalancerError> {
+    if seconds.is_finite() && seconds >= 0.0 {
+        Ok(seconds)
+    } else {
+        Err(BalancerError::InvalidSample {
+            rank,
+            reason: format!("{what} {seconds}"),
+        })
+    }
+}
+
+/// Exponential smoothing of `new` into `old`, with weight `rise` for a
+/// sample above the smoothed value and `fall` for one below.
+fn smooth(old: Option<f64>, new: f64, rise: f64, fall: f64) -> f64 {
+    match old {
+        Some(old) if new >= old => old + rise * (new - old),
+        Some(old) => old + fall * (new - old),
+        None => new,
     }
 }
 

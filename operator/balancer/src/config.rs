@@ -48,6 +48,11 @@ impl Policy {
         }
     }
 
+    /// Whether the policy fits live measurements (dynamic, hybrid).
+    pub fn is_live(&self) -> bool {
+        matches!(self, Policy::Dynamic | Policy::Hybrid)
+    }
+
     /// Whether the policy plans from measured step models (profiles or
     /// live steps): proportional, dynamic and hybrid. Only these may leave
     /// ranks out.

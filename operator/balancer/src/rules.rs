@@ -8,9 +8,21 @@ use crate::decision::{list, ranks_named};
 use crate::subset::{self, secs};
 use crate::{Balancer, Decision};
 
+/// Samples a live-policy rank may gain per decision beyond doubling its
+/// batch (so that a batch of 1 or 2 can grow).
+pub(crate) const GROWTH_SLACK: u32 = 2;
+
 impl Balancer {
     /// Per-rank bounds `(lower, upper)`; stale ranks are pinned to their
-    /// current batch (or capped at their last batch).
+    /// current batch (or capped at their last batch). Under the live
+    /// policies a training rank's batch at most doubles per decision (plus
+    /// [`GROWTH_SLACK`] samples): its live model is fitted at about one
+    /// batch, and far beyond it a line is a guess — a rank on a CPU quota
+    /// whose 3 samples fit one quota burst measures several times faster
+    /// per sample than it computes 49 (seen in the bench: [62, 46, 17, 3],
+    /// then [38, 32, 9, 49]). Once it is measured at the larger batch the
+    /// next decision goes on. A rank re-admitted for measurement is not
+    /// bound.
     pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> (Vec<u32>, Vec<u32>) {
         let c = &self.config;
         let global = c.global_batch_size;
@@ -24,6 +36,17 @@ impl Balancer {
                 .min(global);
             lower.push(c.min_local_batch);
             upper.push(hi);
+        }
+        if let (Some(cur), true) = (current, self.config.policy.is_live()) {
+            let ranks = upper.iter_mut().zip(&lower).zip(cur).zip(&self.ranks);
+            for (((hi, &lo), &b), rank) in ranks {
+                // A re-admitted rank's small share is a probe: its
+                // measurement's verdict sets its batch at once.
+                if b > 0 && rank.trial_samples.is_none() {
+                    let grown = b.saturating_mul(2).saturating_add(GROWTH_SLACK);
+                    *hi = (*hi).min(grown.max(lo));
+                }
+            }
         }
         // Rank 0 writes checkpoints: it always trains.
         if let (Some(lo), Some(&hi)) = (lower.first_mut(), upper.first()) {

@@ -139,6 +139,33 @@ fn a_rank_whose_compute_jumps_is_planned_nearer_its_slow_steps() {
 }
 
 #[test]
+fn a_live_rank_at_most_doubles_its_batch_per_decision() {
+    // Rank 3 at 8 samples measures ten times faster per sample than the
+    // others (its steps fit one quota burst): the line through that point
+    // would give it most of the batch at once; it may grow to 2·8 + 2.
+    let mut bal = balancer(Policy::Dynamic, 128);
+    let plan = [40, 40, 40, 8];
+    let c = [0.001, 0.001, 0.001, 0.0001];
+    feed(&mut bal, &plan, &c, 20);
+    let d = bal.decide(&plan).expect("decide");
+    let next = d.plan.clone().unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(next[3], 18, "{next:?}");
+    assert_eq!(next.iter().sum::<u32>(), 128);
+    // Measured at 18 as fast again, it goes on: at most 38 next.
+    feed(&mut bal, &next, &c, 20);
+    let d = bal.decide(&next).expect("decide");
+    assert_eq!(d.batches_or(&next)[3], 38, "{d:?}");
+    // Proportional plans from profiles over several batches: not bound.
+    let mut bal = balancer(Policy::Proportional, 128);
+    for (r, &c) in c.iter().enumerate() {
+        bal.observe_profile(r, &[(1, c), (8, 8.0 * c), (32, 32.0 * c)], 128)
+            .expect("profile");
+    }
+    let d = bal.decide(&plan).expect("decide");
+    assert!(d.batches_or(&plan)[3] > 18, "{d:?}");
+}
+
+#[test]
 fn hysteresis_keeps_a_plan_that_is_nearly_optimal() {
     let mut bal = balancer(Policy::Dynamic, 235);
     // 2% off the optimum 100/70/40/25.
