@@ -23,8 +23,9 @@ pub const COMPUTE_SECONDS_PER_SAMPLE: &str = "heterotrain_compute_seconds_per_sa
 pub const LAST_STEP_COMPUTE_SECONDS: &str = "heterotrain_last_step_compute_seconds";
 /// Gauge: how far this rank's slow steps run over its typical one: the
 /// 90th percentile minus the median of the compute seconds of its last
-/// [`SPREAD_WINDOW`] steps at its current local batch (0 until
-/// [`SPREAD_MIN_STEPS`] such steps). A synchronous step waits for the
+/// [`SPREAD_WINDOW`] steps at its current local batch (0 until its first
+/// [`SPREAD_MIN_STEPS`] steps at one batch; after a plan change the last
+/// figure stands until the new batch has as many). A synchronous step waits for the
 /// slowest rank *that step*, so a rank whose compute jumps (a CPU quota's
 /// next period, a shared device) holds the others up more often than its
 /// mean shows; the live policies plan with it.

@@ -43,7 +43,7 @@ fn own_model(
     training: usize,
 ) -> Option<StepModel> {
     let model = base_model(policy, rank, prior_weight)?;
-    if !matches!(policy, Policy::Dynamic | Policy::Hybrid) {
+    if !policy.is_live() {
         return Some(model);
     }
     let spread = (spread_weight(training) * rank.spread.unwrap_or(0.0))
