@@ -19,6 +19,7 @@ fn trainer_metrics() -> BTreeSet<String> {
         m::COMPUTE_SECONDS_TOTAL,
         m::COMPUTE_SECONDS_PER_SAMPLE,
         m::LAST_STEP_COMPUTE_SECONDS,
+        m::COMPUTE_SPREAD_SECONDS,
         m::LOCAL_BATCH_SIZE,
         m::PLAN_GENERATION,
         m::PLAN_REJECTED_TOTAL,
@@ -118,6 +119,7 @@ fn dashboard_has_the_variables_and_panels_users_need() {
         "plan generation",
         "rebalances",
         "hardware comparison",
+        "compute spread per rank",
     ] {
         assert!(
             titles.iter().any(|t| t.contains(want)),
