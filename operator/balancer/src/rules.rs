@@ -17,12 +17,11 @@ impl Balancer {
     /// current batch (or capped at their last batch). Under the live
     /// policies a training rank's batch at most doubles per decision (plus
     /// [`GROWTH_SLACK`] samples): its live model is fitted at about one
-    /// batch, and far beyond it a line is a guess — a rank on a CPU quota
-    /// whose 3 samples fit one quota burst measures several times faster
-    /// per sample than it computes 49 (seen in the bench: [62, 46, 17, 3],
-    /// then [38, 32, 9, 49]). Once it is measured at the larger batch the
-    /// next decision goes on. A rank re-admitted for measurement is not
-    /// bound.
+    /// batch, and far beyond it a line is a guess. In the bench one
+    /// decision took a 0.15-core rank from 3 samples to 49 ([62, 46, 17,
+    /// 3] → [38, 32, 9, 49]); how the model got there was not established.
+    /// Once it is measured at the larger batch the next decision goes on.
+    /// A rank re-admitted for measurement is not bound.
     pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> (Vec<u32>, Vec<u32>) {
         let c = &self.config;
         let global = c.global_batch_size;

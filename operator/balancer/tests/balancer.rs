@@ -141,8 +141,8 @@ fn a_rank_whose_compute_jumps_is_planned_nearer_its_slow_steps() {
 #[test]
 fn a_live_rank_at_most_doubles_its_batch_per_decision() {
     // Rank 3 at 8 samples measures ten times faster per sample than the
-    // others (its steps fit one quota burst): the line through that point
-    // would give it most of the batch at once; it may grow to 2·8 + 2.
+    // others: the line through that point would give it most of the batch
+    // at once; it may grow to 2·8 + 2.
     let mut bal = balancer(Policy::Dynamic, 128);
     let plan = [40, 40, 40, 8];
     let c = [0.001, 0.001, 0.001, 0.0001];
