@@ -115,10 +115,12 @@ pub fn load_weights(p: &Path) -> HashMap<String, Tensor> {
 /// gradient is at the level of float rounding (one process sums over B
 /// inside one GEMM, the ranks add partial sums: another order) moves by an
 /// amount the rounding decides, and which elements those are depends on the
-/// CPU's kernels (seen: 1 of 196,608 at 2.3e-5 on an AVX-512 machine). So
-/// after AdamW at most 1 element in 10,000 may be off by more than 1e-5 and
-/// none by more than 1e-4, a tenth of one step at lr 1e-3: misplaced
-/// optimizer state moves many elements by about lr.
+/// CPU's kernels (seen: 1 of 196,608 at 2.3e-5 on an AVX-512 machine; 1,070
+/// of 201,482 at up to 5.4e-5 on an AMD EPYC machine, replicated, a rank
+/// left out and brought back). So after AdamW at most 1 element in 100 may
+/// be off by more than 1e-5 and none by more than 1e-4, a tenth of one step
+/// at lr 1e-3: misplaced optimizer state moves elements by about lr, which
+/// the bound of 1e-4 catches whatever their number.
 pub fn assert_same_parameters(
     want: &HashMap<String, Tensor>,
     got: &HashMap<String, Tensor>,
@@ -137,7 +139,7 @@ pub fn assert_same_parameters(
     }
     if optimizer == "adamw" {
         assert!(
-            d <= 1e-4 && over <= total / 10_000,
+            d <= 1e-4 && over <= total / 100,
             "{what}: max |Δparam| = {d:e}, {over} of {total} elements off by more than 1e-5"
         );
     } else {
