@@ -83,6 +83,15 @@ pub const GRADIENT_BYTES: &str = "heterotrain_gradient_bytes";
 /// Gauge: bytes of the dataset's files per second of loading them (read and
 /// decode) at start-up; absent for synthetic data.
 pub const PROFILE_DATA_READ_BANDWIDTH: &str = "heterotrain_profile_data_read_bytes_per_second";
+/// Gauge: the CPU cores this rank's cgroup quota allows (cgroup v2
+/// `cpu.max`, v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us`; the smallest
+/// along its cgroup path); 0 when unlimited or unreadable.
+pub const CPU_QUOTA_CORES: &str = "heterotrain_cpu_quota_cores";
+/// Gauge: the CPU time the rank's process used between its last two
+/// scrapes over what its quota allowed in that time (1: the whole quota
+/// spent, so the rank cannot run faster whatever it waits for); 0 without
+/// a quota or before the second scrape.
+pub const CPU_QUOTA_USED_RATIO: &str = "heterotrain_cpu_quota_used_ratio";
 /// Gauges from NVML: the GPU's PCIe link now and at most (generation, lanes).
 pub const GPU_PCIE_LINK_GENERATION: &str = "heterotrain_gpu_pcie_link_generation";
 pub const GPU_PCIE_LINK_WIDTH: &str = "heterotrain_gpu_pcie_link_width";

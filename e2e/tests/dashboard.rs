@@ -41,6 +41,8 @@ fn trainer_metrics() -> BTreeSet<String> {
         m::PROFILE_DATA_READ_BANDWIDTH,
         m::PROFILE_LINK_BANDWIDTH,
         m::GRADIENT_BYTES,
+        m::CPU_QUOTA_CORES,
+        m::CPU_QUOTA_USED_RATIO,
         m::GPU_PCIE_LINK_GENERATION,
         m::GPU_PCIE_LINK_WIDTH,
         m::GPU_PCIE_MAX_LINK_GENERATION,

@@ -173,6 +173,9 @@ impl JobBalancer {
         if let Some(spread) = m.compute_spread_seconds {
             let _ = self.inner.observe_compute_spread(rank, spread);
         }
+        if let Some(used) = m.cpu_quota_used {
+            let _ = self.inner.observe_quota_use(rank, used);
+        }
         match sample {
             Some(seconds) => self.inner.observe_step(rank, batch, seconds).is_ok(),
             None => false,

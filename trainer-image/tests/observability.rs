@@ -226,6 +226,12 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
         .sum();
     assert_eq!(kinds, 1.0, "exactly one bottleneck kind set");
     assert!(b["process_resident_memory_bytes"] > 1e6);
+    // The CPU quota gauges are exported; without a quota no use is reported.
+    let (quota, used) = (b[m::CPU_QUOTA_CORES], b[m::CPU_QUOTA_USED_RATIO]);
+    assert!(quota >= 0.0 && used >= 0.0, "quota {quota}, used {used}");
+    if quota == 0.0 {
+        assert_eq!(used, 0.0);
+    }
     assert!(b
         .keys()
         .any(|k| k.starts_with(m::DEVICE_INFO) && k.contains("kind=\"cpu\"")));

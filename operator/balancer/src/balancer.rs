@@ -174,6 +174,25 @@ impl Balancer {
         Ok(())
     }
 
+    /// The share of its CPU quota `rank` used over a recent interval (CPU
+    /// time over the quota's allowance; 1 = every period's quota spent),
+    /// smoothed exponentially. A rank saturated on its quota cannot run
+    /// faster, whatever it waits for: when it is also the slowest per
+    /// sample and trains few samples, a leave-out trial needs no excess of
+    /// the measured step over the predicted one (see `measured.rs`).
+    /// Errors when `ratio` is not finite and ≥ 0.
+    pub fn observe_quota_use(&mut self, rank: usize, ratio: f64) -> Result<(), BalancerError> {
+        let r = self.rank_mut(rank)?;
+        let ratio = non_negative(rank, ratio, "CPU quota use")?;
+        r.quota_use = Some(smooth(
+            r.quota_use,
+            ratio,
+            QUOTA_USE_SMOOTHING,
+            QUOTA_USE_SMOOTHING,
+        ));
+        Ok(())
+    }
+
     /// One measured wall-clock step of `rank` at local batch `batch`: its
     /// compute plus its exposed communication, the whole synchronous step
     /// as it saw it (an average over several steps is one sample). The
@@ -392,3 +411,5 @@ const SPREAD_FALL: f64 = 0.05;
 
 /// Weight of a new communication sample in the smoothed estimate.
 const COMMUNICATION_SMOOTHING: f64 = 0.3;
+/// Weight of a new CPU quota use sample.
+const QUOTA_USE_SMOOTHING: f64 = 0.5;

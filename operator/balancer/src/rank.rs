@@ -58,6 +58,9 @@ pub(crate) struct RankState {
     /// Measured wall-clock step seconds since the previous decision: their
     /// sum and count (see [`crate::Balancer::observe_step_time`]).
     pub step_time: (f64, u32),
+    /// Share of its CPU quota used (smoothed; see
+    /// [`crate::Balancer::observe_quota_use`]); `None` without a quota.
+    pub quota_use: Option<f64>,
     /// Left out because the measured step without it was shorter (a
     /// leave-out trial, [`crate::measured`]): the steps measured with it
     /// and, most recently, without it.
@@ -102,6 +105,7 @@ impl RankState {
             trial_samples: None,
             left_out: false,
             step_time: (0.0, 0),
+            quota_use: None,
             presence: None,
             trial_wait: 0,
             trial_factor: 1,

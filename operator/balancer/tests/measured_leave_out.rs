@@ -210,6 +210,125 @@ fn a_rank_left_out_on_measurement_is_measured_again_and_stays_in_once_it_is_chea
     assert!(plan[3] >= 1, "{plan:?}");
 }
 
+/// Four ranks at 1, 0.7, 0.4 and 0.25 of the fastest one's speed (per
+/// sample), B 128, as the bench's four-node scenario.
+fn four_speeds() -> Vec<StepModel> {
+    vec![
+        m(0.002, 0.0007),
+        m(0.002, 0.001),
+        m(0.002, 0.0018),
+        m(0.002, 0.0036),
+    ]
+}
+
+/// `rounds` decisions from the equal split (B 128); before each, 20
+/// measured steps and, when given, each rank's share of its CPU quota used.
+fn run_four(
+    bal: &mut Balancer,
+    rounds: usize,
+    exchange: &dyn Fn(&[u32]) -> f64,
+    quota_use: Option<[f64; 4]>,
+) -> Vec<(Decision, Vec<u32>)> {
+    let truth = four_speeds();
+    let mut plan = vec![32; 4];
+    let mut out = Vec::new();
+    for _ in 0..rounds {
+        feed_measured(bal, &plan, &truth, 20, exchange);
+        if let Some(q) = quota_use {
+            for (r, &u) in q.iter().enumerate() {
+                if plan[r] > 0 {
+                    bal.observe_quota_use(r, u).expect("valid ratio");
+                }
+            }
+        }
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        assert_eq!(sum(&plan), 128, "{}", d.reason);
+        out.push((d, plan.clone()));
+    }
+    out
+}
+
+/// The slowest rank's own part of the exchange, run on its spent quota,
+/// ends every step 15 ms late: the measured step stays under 2× the
+/// predicted compute.
+fn late_by_rank_3(p: &[u32]) -> f64 {
+    0.004 + if p[3] > 0 { 0.015 } else { 0.0 }
+}
+
+fn four_config() -> BalancerConfig {
+    BalancerConfig {
+        readmit_after_decisions: 20,
+        ..config(Policy::Dynamic, 128)
+    }
+}
+
+#[test]
+fn a_small_rank_saturated_on_its_cpu_quota_is_tried_and_left_out() {
+    let mut bal = profiled(four_config(), &four_speeds());
+    let rounds = run_four(&mut bal, 8, &late_by_rank_3, Some([0.6, 0.7, 0.8, 0.97]));
+    let reasons = || rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>();
+    let first = rounds
+        .iter()
+        .position(|(d, _)| d.reason.contains("leave-out trial: rank 3"))
+        .unwrap_or_else(|| panic!("no trial: {:#?}", reasons()));
+    let (d, p) = &rounds[first];
+    assert!(
+        d.measured_step_seconds < 2.0 * d.current_predicted_step_seconds,
+        "{d:?}"
+    );
+    assert_eq!(p[3], 0);
+    assert!(
+        d.reason.contains("it used 97% of its CPU quota")
+            && d.reason.contains("leaveOutMarginPercent 10% shorter"),
+        "{}",
+        d.reason
+    );
+    // Measured faster without it: it stays out.
+    for (d, p) in &rounds[first..] {
+        assert_eq!(p[3], 0, "{}", d.reason);
+    }
+    assert!(
+        rounds[first + 1].0.reason.contains("rank 3 stays left out"),
+        "{:#?}",
+        reasons()
+    );
+}
+
+#[test]
+fn without_quota_saturation_a_step_under_twice_the_compute_starts_no_trial() {
+    for quota in [None, Some([0.6, 0.7, 0.8, 0.8])] {
+        let mut bal = profiled(four_config(), &four_speeds());
+        let rounds = run_four(&mut bal, 12, &late_by_rank_3, quota);
+        for (d, p) in &rounds {
+            assert!(p[3] >= 1, "{quota:?} {p:?}: {}", d.reason);
+            assert!(!d.reason.contains("leave-out trial"), "{}", d.reason);
+        }
+    }
+}
+
+#[test]
+fn a_saturated_rank_with_a_large_share_needs_the_excess() {
+    // Every rank saturated (a gang of quota-bound ranks), but rank 3 trains
+    // more than half an equal share: no trial on saturation alone.
+    let even = vec![m(0.002, 0.001); 4];
+    let mut bal = profiled(four_config(), &even);
+    let mut plan = vec![32; 4];
+    for _ in 0..10 {
+        feed_measured(&mut bal, &plan, &even, 20, &|_: &[u32]| 0.01);
+        for r in 0..4 {
+            bal.observe_quota_use(r, 1.0).expect("valid ratio");
+        }
+        let d = bal.decide(&plan).expect("decide");
+        assert!(!d.reason.contains("leave-out trial"), "{}", d.reason);
+        plan = d.batches_or(&plan).to_vec();
+        assert!(plan.iter().all(|&b| b > 0), "{plan:?}");
+    }
+    assert!(bal.observe_quota_use(0, f64::NAN).is_err());
+    assert!(bal.observe_quota_use(0, -0.1).is_err());
+    assert!(bal.observe_quota_use(9, 0.5).is_err());
+}
+
 #[test]
 fn step_times_of_another_plan_are_ignored() {
     let mut bal = profiled(with_readmit(Policy::Dynamic, 20), &truth());

@@ -76,6 +76,9 @@ pub struct RankMetrics {
     pub phase_seconds_total: Option<PhaseTimes>,
     /// Start-up communication figures (absent alone or before measured).
     pub link: Option<RankLink>,
+    /// The share of its CPU quota the rank used between its last two
+    /// scrapes (`heterotrain_cpu_quota_used_ratio`); `None` without a quota.
+    pub cpu_quota_used: Option<f64>,
 }
 
 fn count(v: f64) -> Option<u64> {
@@ -179,6 +182,10 @@ impl RankMetrics {
             profile,
             phase_seconds_total: phase_totals(series),
             link: link(series),
+            cpu_quota_used: get(m::CPU_QUOTA_CORES)
+                .filter(|q| *q > 0.0)
+                .and(get(m::CPU_QUOTA_USED_RATIO))
+                .filter(|u| *u > 0.0),
         }
     }
 }

@@ -69,6 +69,26 @@ fn link_figures_take_the_slowest_peer_else_the_bus_bandwidth() {
 }
 
 #[test]
+fn quota_use_counts_only_under_a_quota() {
+    let read =
+        |text: &str| RankMetrics::from_series(&parse_exposition(text).unwrap()).cpu_quota_used;
+    assert_eq!(
+        read("heterotrain_cpu_quota_cores 0.15\nheterotrain_cpu_quota_used_ratio 0.97\n"),
+        Some(0.97)
+    );
+    // No quota (0 cores), not measured yet (0), or absent: none.
+    assert_eq!(
+        read("heterotrain_cpu_quota_cores 0\nheterotrain_cpu_quota_used_ratio 0.97\n"),
+        None
+    );
+    assert_eq!(
+        read("heterotrain_cpu_quota_cores 0.15\nheterotrain_cpu_quota_used_ratio 0\n"),
+        None
+    );
+    assert_eq!(read("heterotrain_cpu_quota_used_ratio 0.5\n"), None);
+}
+
+#[test]
 fn garbage_gives_empty_metrics() {
     let s = parse_exposition("this is not metrics\n{{{").unwrap_or_default();
     assert_eq!(RankMetrics::from_series(&s), RankMetrics::default());

@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use crate::log::StepTimings;
 
+mod quota;
 mod registry;
 use registry::{BatchLabels, DeviceLabels, GpuGauges, KindLabels, PhaseLabels, ReasonLabels};
 
@@ -66,6 +67,10 @@ pub struct TrainerMetrics {
     process_rss: Gauge,
     /// Last process CPU seconds read (the counter is advanced by deltas).
     cpu_seen: Mutex<f64>,
+    cpu_quota: FloatGauge,
+    cpu_quota_used: FloatGauge,
+    /// Process CPU seconds and the time at the previous refresh.
+    quota_seen: Mutex<Option<(f64, std::time::Instant)>>,
     gpu: Option<GpuGauges>,
     /// Smoothing state of compute seconds per sample.
     ema: Mutex<Option<f64>>,
@@ -292,7 +297,29 @@ impl TrainerMetrics {
 
     /// Refresh the process and GPU series (called at each scrape).
     pub fn refresh(&self) {
-        if let Some(cpu) = process_cpu_seconds() {
+        let cpu_now = process_cpu_seconds();
+        let quota = quota::cpu_quota_cores().unwrap_or(0.0);
+        self.cpu_quota.set(quota);
+        if let (Some(cpu), Ok(mut seen)) = (cpu_now, self.quota_seen.lock()) {
+            let now = std::time::Instant::now();
+            match *seen {
+                // Over at least half a second (CPU time comes in 10 ms
+                // ticks); a sooner scrape keeps the older reference.
+                Some((cpu0, t0)) if now.duration_since(t0).as_secs_f64() >= 0.5 => {
+                    let allowed = now.duration_since(t0).as_secs_f64() * quota;
+                    let used = if allowed > 0.0 {
+                        ((cpu - cpu0) / allowed).max(0.0)
+                    } else {
+                        0.0
+                    };
+                    self.cpu_quota_used.set(used);
+                    *seen = Some((cpu, now));
+                }
+                Some(_) => {}
+                None => *seen = Some((cpu, now)),
+            }
+        }
+        if let Some(cpu) = cpu_now {
             if let Ok(mut seen) = self.cpu_seen.lock() {
                 if cpu > *seen {
                     self.process_cpu.inc_by(cpu - *seen);

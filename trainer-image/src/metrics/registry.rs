@@ -230,6 +230,16 @@ impl TrainerMetrics {
             "The device this rank trains on (value 1)",
             device_info.clone(),
         );
+        let cpu_quota = g(
+            &mut r,
+            m::CPU_QUOTA_CORES,
+            "CPU cores this rank's cgroup quota allows (0: unlimited)",
+        );
+        let cpu_quota_used = g(
+            &mut r,
+            m::CPU_QUOTA_USED_RATIO,
+            "CPU time used between the last two scrapes over what the quota allowed (0: no quota)",
+        );
         let process_cpu = FloatCounter::default();
         r.register(
             "process_cpu_seconds",
@@ -308,6 +318,9 @@ impl TrainerMetrics {
             process_cpu,
             process_rss,
             cpu_seen: Mutex::new(0.0),
+            cpu_quota,
+            cpu_quota_used,
+            quota_seen: Mutex::new(None),
             gpu,
             ema: Mutex::new(None),
         }
