@@ -69,9 +69,9 @@ pub(crate) const QUOTA_SATURATED: f64 = 0.9;
 /// exchange, run on the same quota — does not shrink with its batch: on
 /// four quota-bound ranks (0.6 / 0.42 / 0.24 / 0.15 core, simple_cnn,
 /// B 128) the gang ran 1.23× (1.13–1.39) faster with the 0.15-core rank
-/// at 0 samples than at 10, while its measured step stayed under 2× the
-/// predicted compute. So its trial needs no excess of the measured step
-/// over the prediction; the measured verdict decides.
+/// at 0 samples than at 10, while in the bench no trial started on the
+/// measured step's excess. So its trial needs no excess of the measured
+/// step over the prediction; the measured verdict decides.
 fn quota_bound(rank: &RankState, b: u32, current: &[u32], without: &[u32]) -> Option<f64> {
     let training = current.iter().filter(|&&x| x > 0).count() as u64;
     let total: u64 = current.iter().map(|&x| u64::from(x)).sum();
