@@ -59,6 +59,11 @@ for r in "${RANKS[@]}"; do
     { echo "error: '$r' is not QUOTA:CPUS:BATCH" >&2; exit 2; }
   batches+=("$b")
 done
+if [[ ${SOLO:-0} == 1 ]]; then
+  for b in "${batches[@]}"; do
+    [[ $b =~ ^[1-9][0-9]*$ ]] || { echo "error: SOLO=1 needs a batch above 0 on every rank" >&2; exit 2; }
+  done
+fi
 rm -rf "$OUT" && mkdir -p "$OUT"
 plan=()
 if [[ ${batches[0]} == - ]]; then
