@@ -8,7 +8,8 @@
 //!
 //! `make chaos` runs it with 20 kills (`HETEROTRAIN_CHAOS_KILLS`); `make
 //! test` runs the same cases with 3. `HETEROTRAIN_CHAOS_ONLY=a,b` picks
-//! cases.
+//! cases. The cases that disturb only their own job run two at a time
+//! (the pool holds two gangs); the control-plane and node cases run alone.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -29,6 +30,9 @@ nodes:
   - {name: chaos-a, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
   - {name: chaos-b, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
   - {name: chaos-c, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+  - {name: chaos-d, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+  - {name: chaos-e, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
+  - {name: chaos-f, speed: 0.25, cpu: "1", memory: 4Gi, labels: {pool: chaos}}
 "#;
 
 /// Checkpoint interval of the jobs here (steps).
@@ -75,6 +79,25 @@ fn selected(case: &str) -> bool {
         Ok(list) if !list.is_empty() => list.split(',').any(|s| s.trim() == case),
         _ => true,
     }
+}
+
+/// Steps of a job that must outlive a disruption: enough at the chaos
+/// nodes' speed (about 6 steps/s for the gang) to still train when it ends,
+/// which [`still_training`] checks, so a case cannot pass vacuously.
+const OUTLIVE_30S: u64 = 500;
+
+/// Err when job `name` has already finished: the disruption just ended
+/// and the case is only meaningful if the gang was still training.
+async fn still_training(system: &System, ns: &str, name: &str) -> Result<(), String> {
+    let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await.map_err(err)?, ns);
+    let j = api.get(name).await.map_err(err)?;
+    let phase = j.status.and_then(|s| s.phase).unwrap_or_default();
+    if phase == "Succeeded" || phase == "Failed" {
+        return Err(format!(
+            "job {name} was already {phase} when the disruption ended: give it more steps"
+        ));
+    }
+    Ok(())
 }
 
 fn succeeded(j: &HeteroTrainingJob) -> bool {
@@ -208,7 +231,7 @@ async fn counts(system: &System, ns: &str, name: &str) -> Result<(u32, u32), Str
 /// at most one checkpoint interval lost per kill.
 async fn kills(system: &System, ns: &str, k: u32) -> Result<Row, String> {
     let t0 = Instant::now();
-    let steps = 100 * u64::from(k) + 300;
+    let steps = 40 * u64::from(k) + 200;
     let rp = format!("{{backoffLimit: {k}}}");
     system
         .create_job(ns, &job("j", steps, &rp, "chaos"))
@@ -308,7 +331,7 @@ async fn hung_rank(system: &System, ns: &str) -> Result<Row, String> {
             ns,
             &job(
                 "j",
-                600,
+                150,
                 "{backoffLimit: 2, progressDeadlineSeconds: 30, collectiveTimeoutSeconds: 900}",
                 "chaos",
             ),
@@ -459,7 +482,7 @@ async fn not_ready(system: &System, ns: &str) -> Result<Row, String> {
 async fn plan_damaged(system: &System, ns: &str) -> Result<Row, String> {
     let t0 = Instant::now();
     system
-        .create_job(ns, &job("j", 600, "{}", "chaos"))
+        .create_job(ns, &job("j", 350, "{}", "chaos"))
         .await
         .map_err(err)?;
     wait_step(system, ns, 15).await?;
@@ -498,6 +521,7 @@ async fn plan_damaged(system: &System, ns: &str) -> Result<Row, String> {
     .await
     .map_err(err)?;
     back(true).await?;
+    still_training(system, ns, "j").await?;
     system
         .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
         .await
@@ -530,7 +554,7 @@ enum Outage {
 async fn control_plane_down(system: &System, ns: &str, what: Outage) -> Result<Row, String> {
     let t0 = Instant::now();
     system
-        .create_job(ns, &job("j", 900, "{}", "chaos"))
+        .create_job(ns, &job("j", OUTLIVE_30S, "{}", "chaos"))
         .await
         .map_err(err)?;
     wait_step(system, ns, 15).await?;
@@ -546,6 +570,7 @@ async fn control_plane_down(system: &System, ns: &str, what: Outage) -> Result<R
         ),
     };
     restarted.map_err(err)?;
+    still_training(system, ns, "j").await?;
     system
         .wait_job(ns, "j", Duration::from_secs(300), "Succeeded", succeeded)
         .await
@@ -578,7 +603,7 @@ async fn control_plane_down(system: &System, ns: &str, what: Outage) -> Result<R
 /// trains from step 0 (not from the old job's checkpoints) to Succeeded.
 async fn orphaned(system: &System, ns: &str) -> Result<Row, String> {
     let t0 = Instant::now();
-    let spec = job("j", 600, "{}", "chaos");
+    let spec = job("j", 150, "{}", "chaos");
     system.create_job(ns, &spec).await.map_err(err)?;
     wait_step(system, ns, 15).await?;
     let client = system.client().await.map_err(err)?;
@@ -711,7 +736,7 @@ spec:
     let failures_before = scrape_failures(system);
     system.create_job(ns, &big).await.map_err(err)?;
     system
-        .create_job(ns, &job("ok", 600, "{}", "chaos"))
+        .create_job(ns, &job("ok", 400, "{}", "chaos"))
         .await
         .map_err(err)?;
     let mut peak: f64 = 0.0;
@@ -765,7 +790,7 @@ spec:
 async fn lost_node(system: &System, ns: &str) -> Result<Row, String> {
     let t0 = Instant::now();
     system
-        .create_job(ns, &job("j", 600, "{backoffLimit: 3}", "chaos"))
+        .create_job(ns, &job("j", 200, "{backoffLimit: 3}", "chaos"))
         .await
         .map_err(err)?;
     let (pods, step) = wait_step(system, ns, 20).await?;
@@ -871,7 +896,7 @@ async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
     let mut b = system.start_replica("replica-b", &kb).map_err(err)?;
     let outcome = async {
         system
-            .create_job(ns, &job("j", 900, "{}", "chaos"))
+            .create_job(ns, &job("j", OUTLIVE_30S, "{}", "chaos"))
             .await
             .map_err(err)?;
         wait_step(system, ns, 15).await?;
@@ -888,6 +913,7 @@ async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
         if !taken_over {
             return Err("replica-b did not take the Lease over within 30 s".to_string());
         }
+        still_training(system, ns, "j").await?;
         let api: Api<HeteroTrainingJob> = Api::namespaced(system.client().await.map_err(err)?, ns);
         let api = &api;
         let (a, b) = (&mut a, &mut b);
@@ -980,6 +1006,59 @@ async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
     })
 }
 
+/// Run one case in its own namespace: its row, or what failed with a dump.
+async fn run_case(system: &System, case: &'static str, kills_n: u32) -> Result<Row, String> {
+    let ns = format!("chaos-{case}");
+    let setup = async {
+        system.create_namespace(&ns).await.map_err(err)?;
+        let client = system.client().await.map_err(err)?;
+        heterotrain_e2e::volumes::create_claim(&client, system.sim.state_dir(), &ns, "ckpt")
+            .await
+            .map_err(err)
+    };
+    setup.await?;
+    let r = match case {
+        "kills" => kills(system, &ns, kills_n).await,
+        "hung-rank" => hung_rank(system, &ns).await,
+        "not-ready" => not_ready(system, &ns).await,
+        "plan" => plan_damaged(system, &ns).await,
+        "apiserver" => control_plane_down(system, &ns, Outage::ApiServer).await,
+        "etcd" => control_plane_down(system, &ns, Outage::Etcd).await,
+        "orphaned" => orphaned(system, &ns).await,
+        "huge-metrics" => huge_metrics(system, &ns).await,
+        "leader-cut" => leader_cut(system, &ns).await,
+        _ => lost_node(system, &ns).await,
+    };
+    match r {
+        Ok(row) => {
+            eprintln!("chaos {case}: passed in {:.0}s", row.seconds);
+            Ok(row)
+        }
+        Err(e) => {
+            let dump = system.dump(&ns).await;
+            eprintln!("chaos {case}: FAILED: {e}\n--- dump ---\n{dump}");
+            Err(format!("{case}: {e}"))
+        }
+    }
+}
+
+/// Run the selected cases of a lane one after the other.
+async fn run_lane(
+    system: &System,
+    lane: &[&'static str],
+    kills_n: u32,
+) -> Vec<Result<Row, String>> {
+    let mut out = Vec::new();
+    for &case in lane {
+        if !selected(case) {
+            eprintln!("chaos {case}: skipped (HETEROTRAIN_CHAOS_ONLY)");
+            continue;
+        }
+        out.push(run_case(system, case, kills_n).await);
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos() {
     let kills_n: u32 = std::env::var("HETEROTRAIN_CHAOS_KILLS")
@@ -996,54 +1075,28 @@ async fn chaos() {
     })
     .await
     .expect("start the system");
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    // The lost node stays lost: that case goes last.
-    let cases: [&str; 10] = [
-        "kills",
-        "hung-rank",
-        "not-ready",
-        "plan",
-        "apiserver",
-        "etcd",
-        "orphaned",
-        "huge-metrics",
-        "leader-cut",
-        "lost-node",
-    ];
-    for case in cases {
-        if !selected(case) {
-            eprintln!("chaos {case}: skipped (HETEROTRAIN_CHAOS_ONLY)");
-            continue;
-        }
-        let ns = format!("chaos-{case}");
-        system.create_namespace(&ns).await.expect("namespace");
-        let client = system.client().await.expect("client");
-        heterotrain_e2e::volumes::create_claim(&client, system.sim.state_dir(), &ns, "ckpt")
-            .await
-            .expect("claim");
-        let r = match case {
-            "kills" => kills(&system, &ns, kills_n).await,
-            "hung-rank" => hung_rank(&system, &ns).await,
-            "not-ready" => not_ready(&system, &ns).await,
-            "plan" => plan_damaged(&system, &ns).await,
-            "apiserver" => control_plane_down(&system, &ns, Outage::ApiServer).await,
-            "etcd" => control_plane_down(&system, &ns, Outage::Etcd).await,
-            "orphaned" => orphaned(&system, &ns).await,
-            "huge-metrics" => huge_metrics(&system, &ns).await,
-            "leader-cut" => leader_cut(&system, &ns).await,
-            _ => lost_node(&system, &ns).await,
-        };
+    // Cases that disturb only their own job run in two lanes at once (the
+    // pool holds two gangs); those that disturb the whole control plane or
+    // a node run alone after them, the lost node (it stays lost) last.
+    let (a, b) = tokio::join!(
+        run_lane(&system, &["kills", "plan", "orphaned"], kills_n),
+        run_lane(
+            &system,
+            &["hung-rank", "not-ready", "huge-metrics"],
+            kills_n
+        ),
+    );
+    let alone = run_lane(
+        &system,
+        &["apiserver", "etcd", "leader-cut", "lost-node"],
+        kills_n,
+    )
+    .await;
+    let (mut rows, mut failures) = (Vec::new(), Vec::new());
+    for r in a.into_iter().chain(b).chain(alone) {
         match r {
-            Ok(row) => {
-                eprintln!("chaos {case}: passed in {:.0}s", row.seconds);
-                rows.push(row);
-            }
-            Err(e) => {
-                let dump = system.dump(&ns).await;
-                eprintln!("chaos {case}: FAILED: {e}\n--- dump ---\n{dump}");
-                failures.push(format!("{case}: {e}"));
-            }
+            Ok(row) => rows.push(row),
+            Err(e) => failures.push(e),
         }
     }
     let mut table = String::from(

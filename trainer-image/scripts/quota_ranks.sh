@@ -22,7 +22,9 @@ compute and exposed communication, and its CPU time per step (cpuacct)
 and throttled quota periods over the whole run. SOLO=1 runs every rank
 alone (world size 1) at its batch, all at the same time: the concurrent
 ideal's terms. Environment: TRAINER (default: the cache's release build),
-DATA, MODEL (simple_cnn), LR (0.02), B, PERIOD_US (100000).
+DATA, MODEL (simple_cnn), LR (0.02), B, PERIOD_US (100000), SCRAPE (seconds:
+each rank serves /metrics and is scraped that often with curl, as the
+operator and Prometheus do in a cluster; unset: no metrics endpoint).
 
 Needs root and cgroup v1 (/sys/fs/cgroup/cpu). Example, 4 ranks on 2 CPUs:
   sudo bash trainer-image/scripts/quota_ranks.sh /tmp/q 300 \
@@ -77,6 +79,8 @@ else
   plan=(--plan-file "$OUT/plan.json")
 fi
 PORT=$((29000 + RANDOM % 1000))
+SCRAPE=${SCRAPE:-}
+[[ -z $SCRAPE || $SCRAPE =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "error: SCRAPE=$SCRAPE is not a number of seconds" >&2; exit 2; }
 G=heterotrain-quota
 pids=()
 for i in "${!RANKS[@]}"; do
@@ -103,14 +107,27 @@ for i in "${!RANKS[@]}"; do
   env "${env[@]}" MASTER_ADDR=127.0.0.1 bash -c \
     'for g in "$1" "$2" "$3"; do echo $$ >"$g/tasks"; done; shift 3; exec "$@"' _ \
     "$cpu" "$set" "$acct" "$TRAINER" train --model "$MODEL" --dataset cifar10 \
-    --data-dir "$DATA" --lr "$LR" --max-steps "$STEPS" --threads 1 --metrics-port 0 \
+    --data-dir "$DATA" --lr "$LR" --max-steps "$STEPS" --threads 1 \
+    --metrics-port "$([[ -n $SCRAPE ]] && echo $((PORT + 100 + i)) || echo 0)" \
     "${args[@]}" "$@" >"$OUT/r$i.log" 2>&1 &
   pids+=($!)
 done
 t0=$(date +%s.%N)
+scraper=
+if [[ -n $SCRAPE ]]; then
+  (
+    while sleep "$SCRAPE"; do
+      for i in "${!RANKS[@]}"; do
+        curl -s -m 2 -o /dev/null "http://127.0.0.1:$((PORT + 100 + i))/metrics" || true
+      done
+    done
+  ) &
+  scraper=$!
+fi
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 t1=$(date +%s.%N)
+[[ -z $scraper ]] || kill "$scraper" 2>/dev/null || true
 for i in "${!RANKS[@]}"; do
   cp "/sys/fs/cgroup/cpu/$G/r$i/cpu.stat" "$OUT/cpu.stat.end.$i"
   cat "/sys/fs/cgroup/cpuacct/$G/r$i/cpuacct.usage" >"$OUT/cpuacct.$i"
