@@ -534,8 +534,9 @@ fn equivalence_with_a_rank_left_out_and_brought_back() {
                 end[2]
             );
         }
-        // Each rank evaluates a third of the held-out set: rank 1 caught up
-        // before evaluating, so the losses are one process's.
+        // Each rank evaluates a share of the held-out set in proportion to
+        // its batch (rank 1 none while left out, with stale parameters):
+        // the losses are still one process's.
         let evals = |dir: &Path| -> Vec<f64> {
             log_records(dir, 0)
                 .iter()

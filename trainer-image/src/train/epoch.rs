@@ -44,18 +44,23 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// Evaluate on the held-out split (each rank a shard, results
+    /// Evaluate on the held-out split (each rank a contiguous shard in
+    /// proportion to its local batch, so a slow rank does not hold the
+    /// others up and a left-out rank evaluates nothing; results
     /// all-reduced), after the ranks' buffers agree.
     fn evaluate(&mut self) -> Result<()> {
         let (cfg, p) = (self.cfg, self.p);
-        if !self.team.everyone() {
+        // A left-out rank's parameters are stale; it evaluates nothing, so
+        // it catches up only at the end, where every rank ends with the
+        // trained parameters.
+        if !self.team.everyone() && self.step == p.total {
             self.catch_up()?;
         }
         agree_buffers(&cfg.model, self.pg, &p.all_vars, self.share())?;
         let (correct, count, loss) = {
             let _guard = tch::no_grad_guard();
-            let n = p.data.eval_len();
-            let mine: Vec<usize> = (cfg.dist.rank..n).step_by(cfg.dist.world_size).collect();
+            let mine: Vec<usize> =
+                eval_shard(p.data.eval_len(), &self.plan.batch_sizes, cfg.dist.rank).collect();
             let (mut correct, mut count, mut loss) = (0.0, 0.0, 0.0);
             for chunk in mine.chunks(256) {
                 let (x, y) = p.data.eval_batch(chunk, p.device);
@@ -166,5 +171,35 @@ pub(super) fn agree_buffers(
         Ok(())
     } else {
         broadcast_all(Some(pg), &buffers)
+    }
+}
+
+/// The held-out samples `rank` evaluates: a contiguous range of the `n`,
+/// in proportion to the local batches (the same split as training, so a
+/// rank's share of the evaluation takes it about as long as the others'),
+/// none for a rank with no samples. The ranges tile `0..n`.
+fn eval_shard(n: usize, batch_sizes: &[u32], rank: usize) -> std::ops::Range<usize> {
+    let n64 = i64::try_from(n).unwrap_or(i64::MAX);
+    let bounds = crate::shard::proportional_bounds(n64, batch_sizes);
+    let (lo, hi) = bounds.get(rank).copied().unwrap_or((0, 0));
+    let at = |v: i64| usize::try_from(v).unwrap_or(0).min(n);
+    at(lo)..at(hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eval_shard;
+
+    #[test]
+    fn eval_shards_tile_the_split_in_proportion_to_the_batches() {
+        let plan = [62, 43, 19, 4];
+        let shards: Vec<_> = (0..4).map(|r| eval_shard(300, &plan, r)).collect();
+        assert_eq!(shards, vec![0..145, 145..246, 246..290, 290..300]);
+        // A left-out rank evaluates nothing; the others cover every sample.
+        let out: Vec<_> = (0..3).map(|r| eval_shard(300, &[64, 0, 64], r)).collect();
+        assert_eq!(out, vec![0..150, 150..150, 150..300]);
+        // A rank the plan does not name evaluates nothing.
+        assert_eq!(eval_shard(300, &[64, 64], 2), 0..0);
+        assert_eq!(eval_shard(0, &[3, 1], 0), 0..0);
     }
 }

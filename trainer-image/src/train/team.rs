@@ -5,7 +5,8 @@
 //! the step-boundary agreement, the loss, the optimizer state's moves,
 //! evaluation and checkpoints stay on the whole group. A left-out rank's
 //! parameters go stale: it catches up from rank 0 (always a member) when
-//! it comes back and before each evaluation.
+//! it comes back and at the end of the run (it evaluates nothing: the
+//! held-out split is shared in proportion to the local batches).
 
 use typed_arena::Arena;
 
