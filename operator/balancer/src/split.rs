@@ -261,10 +261,19 @@ fn integer_split(
             let Some(Reverse(Key(_, _, r))) = heap.pop() else {
                 break; // unreachable: Σ caps ≥ global was checked
             };
-            b[r] += 1;
-            missing -= 1;
+            let m = &models[r];
+            // The samples this rank would take one at a time before another
+            // rank's next sample comes first, all at once: the same split,
+            // in a few rounds even when the level's floats left millions
+            // of samples to place (models far apart in scale).
+            let lim = missing.min(u64::from(upper[r] - b[r]));
+            let next = heap.peek().map(|Reverse(k)| k);
+            let k = run_length(lim, |j| {
+                next.is_none_or(|t| Key(m.predict(add(b[r], j)), m.per_sample_seconds, r) < *t)
+            });
+            b[r] = add(b[r], k);
+            missing -= k;
             if b[r] < upper[r] {
-                let m = &models[r];
                 heap.push(Reverse(Key(m.predict(b[r] + 1), m.per_sample_seconds, r)));
             }
         }
@@ -281,15 +290,50 @@ fn integer_split(
             let Some(Key(_, _, r)) = heap.pop() else {
                 break;
             };
-            b[r] -= 1;
-            extra -= 1;
+            let m = &models[r];
+            let lim = extra.min(u64::from(b[r] - lower[r]));
+            let next = heap.peek();
+            let k = run_length(lim, |j| {
+                next.is_none_or(|t| Key(m.predict(sub(b[r], j - 1)), m.per_sample_seconds, r) > *t)
+            });
+            b[r] = sub(b[r], k);
+            extra -= k;
             if b[r] > lower[r] {
-                let m = &models[r];
                 heap.push(Key(m.predict(b[r]), m.per_sample_seconds, r));
             }
         }
     }
     b
+}
+
+/// The largest `k` in `1..=lim` (0 when `lim` is 0) such that `still(j)`
+/// holds for every `j` in `2..=k`; `still` must hold for a prefix of the
+/// `j`s (the keys move one way as samples are added or taken back), so a
+/// binary search finds it.
+fn run_length(lim: u64, still: impl Fn(u64) -> bool) -> u64 {
+    if lim == 0 {
+        return 0;
+    }
+    let (mut ok, mut bad) = (1u64, lim + 1);
+    while bad - ok > 1 {
+        let mid = ok + (bad - ok) / 2;
+        if still(mid) {
+            ok = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    ok
+}
+
+/// `b + j` for a `j` bounded by a cap above `b` (saturating, never wraps).
+fn add(b: u32, j: u64) -> u32 {
+    u32::try_from(u64::from(b) + j).unwrap_or(u32::MAX)
+}
+
+/// `b - j` for a `j` bounded by `b` (saturating).
+fn sub(b: u32, j: u64) -> u32 {
+    u32::try_from(u64::from(b).saturating_sub(j)).unwrap_or(0)
 }
 
 /// Splits `global` in proportion to the real targets `x` (which must sum to

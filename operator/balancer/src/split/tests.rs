@@ -123,3 +123,41 @@ fn round_to_sum_is_exact() {
     let b = round_to_sum(&[2.6, 0.4, 2.0], 5, &[1, 0, 1], &[5, 0, 5]).expect("round");
     assert_eq!(b, vec![3, 0, 2]);
 }
+
+/// Models whose scales are far apart leave the water level's floats
+/// millions of samples off; the split still places them in a few rounds,
+/// the same as one at a time.
+#[test]
+fn models_far_apart_in_scale_split_fast_and_exactly() {
+    let cases: [(&[StepModel], u32); 3] = [
+        (&[m(1e20, 1e-10), m(0.01, 0.001)], u32::MAX - 1),
+        (
+            &[m(1e20, 1e-10), m(1e20, 2e-10), m(0.0, 1e-300)],
+            u32::MAX - 7,
+        ),
+        (&[m(0.0, 1e-300), m(1e-300, 1e-300)], u32::MAX - 3),
+    ];
+    for (models, global) in cases {
+        let caps = vec![u32::MAX; models.len()];
+        let s = optimal_split(models, global, 0, &caps).expect("split");
+        let sum: u64 = s.batches.iter().map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, u64::from(global), "{:?}", s.batches);
+    }
+    // The same greedy, one sample at a time, on a small case.
+    let models = [m(0.5, 0.01), m(0.0, 0.03), m(0.2, 0.02)];
+    let s = optimal_split(&models, 500, 0, &[1000; 3]).expect("split");
+    let mut b = [0u32; 3];
+    for _ in 0..500 {
+        let r = (0..3)
+            .min_by(|&p, &q| {
+                Key(models[p].predict(b[p] + 1), models[p].per_sample_seconds, p).cmp(&Key(
+                    models[q].predict(b[q] + 1),
+                    models[q].per_sample_seconds,
+                    q,
+                ))
+            })
+            .expect("ranks");
+        b[r] += 1;
+    }
+    assert_eq!(s.batches, b.to_vec());
+}
