@@ -14,13 +14,12 @@ use super::session::{say, short, State};
 use super::spec::{job, JobParams};
 use super::{ideal_split, BenchNode, ModelRun, Standalone};
 
-/// A rank's job: `node` alone at `batch`, no profiling.
+/// A rank's job: `node` alone at `batch` for `steps`, no profiling.
 fn solo_job(
     cl: &BenchCluster,
     m: &ModelRun,
     name: &str,
-    node: &BenchNode,
-    batch: u32,
+    (node, batch, steps): (&BenchNode, u32, u64),
 ) -> Result<heterotrain_crds::HeteroTrainingJob> {
     job(&JobParams {
         name,
@@ -28,7 +27,7 @@ fn solo_job(
         nodes: std::slice::from_ref(node),
         policy: "static",
         global_batch: batch,
-        steps: m.standalone_steps,
+        steps,
         core_unit: cl.core_unit,
         profiling: false,
         optimizer_sharding: cl.optimizer_sharding,
@@ -122,7 +121,7 @@ async fn alone(
     name: &str,
 ) -> Result<f64> {
     let speed = node.speed;
-    let j = solo_job(cl, m, name, node, batch)?;
+    let j = solo_job(cl, m, name, (node, batch, m.standalone_steps))?;
     let run = at_speeds(cl, st, std::slice::from_ref(node), async {
         cl.run(j, None, Duration::from_secs(900)).await
     })
@@ -161,7 +160,8 @@ pub async fn sequential(
 }
 
 /// The concurrent ideal: every rank of `nodes` alone at its ideal-split
-/// batch, all at the same time; Σ of their rates while all of them step.
+/// batch, all at the same time for twice a standalone run's steps; Σ of
+/// their rates while all of them step.
 pub async fn concurrent(
     cl: &BenchCluster,
     st: &mut State,
@@ -171,6 +171,10 @@ pub async fn concurrent(
 ) -> Result<f64> {
     let speeds: Vec<f64> = nodes.iter().map(|n| n.speed).collect();
     let split = ideal_split(m.global_batch, &speeds);
+    // Twice a standalone run: the rate counts only while every rank steps,
+    // and the pods start seconds apart, so the window of a standalone
+    // run's length is short enough for one hiccup to swing the sum.
+    let steps = m.standalone_steps.saturating_mul(2);
     let mut jobs = Vec::new();
     for (n, b) in nodes.iter().zip(&split) {
         let name = format!(
@@ -179,7 +183,7 @@ pub async fn concurrent(
             n.name,
             (n.speed * 100.0).round() as u32
         );
-        jobs.push(solo_job(cl, m, &name, n, *b)?);
+        jobs.push(solo_job(cl, m, &name, (n, *b, steps))?);
     }
     let runs = at_speeds(cl, st, nodes, async {
         cl.run_together(jobs, Duration::from_secs(900)).await

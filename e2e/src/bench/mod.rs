@@ -261,6 +261,10 @@ pub struct RunResult {
     /// (this round's measurement).
     #[serde(default)]
     pub ideal_concurrent: Option<f64>,
+    /// The concurrent ideal measured just before and just after the
+    /// round's runs, when both were; `ideal_concurrent` is then their mean.
+    #[serde(default)]
+    pub ideal_concurrent_bracket: Option<(f64, f64)>,
     /// samples/s over `ideal_concurrent`.
     #[serde(default)]
     pub efficiency_concurrent: Option<f64>,

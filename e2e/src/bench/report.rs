@@ -77,7 +77,7 @@ fn paired_section(s: &mut String, r: &Results) {
     table_head(
         s,
         "Interleaved runs: paired ratios",
-        "In the 2- and 4-node scenarios every round runs the concurrent ideal (and, in `slow-node`, the best subset), then static, then dynamic (round 1 also the other policies), so that a ratio compares runs measured minutes apart under the same load; median (min–max, n rounds).",
+        "In the 2- and 4-node scenarios every round runs the concurrent ideal (and, in `slow-node`, the best subset), then static, then dynamic (round 1 also the other policies), and the concurrent ideal runs once more after the last round, so that a ratio compares runs measured minutes apart under the same load (a round's runs against the mean of the concurrent ideals just before and after them); median (min–max, n rounds).",
         "| model | scenario | rounds | dynamic / static | dynamic / ideal conc | static / ideal conc | dynamic / best subset |",
         "|---|---|---:|---:|---:|---:|---:|",
     );
@@ -156,6 +156,17 @@ fn run_key(x: &RunResult) -> [String; 4] {
     ]
 }
 
+/// The concurrent ideal a run is held to, with the measurements before
+/// and after its round when it is their mean: `2750 (2500, 3000)`.
+fn ideal_conc(x: &RunResult) -> String {
+    match x.ideal_concurrent_bracket {
+        Some((before, after)) => {
+            format!("{} ({before:.0}, {after:.0})", opt(x.ideal_concurrent, 0))
+        }
+        None => opt(x.ideal_concurrent, 0),
+    }
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "-".into())
@@ -173,7 +184,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "## Throughput per policy and scenario\n");
     let _ = writeln!(
         s,
-        "Samples/s over the steady state (the last half of the steps). Two ideals, both without communication: **ideal seq** = Σ of each rank's samples/s alone on its node, one rank after another (no other load on the machine); **ideal conc** = Σ of the ranks' samples/s when they all train alone at the same time (the same CPU contention as a cluster run; measured again in every round); × = samples/s over that ideal. × static = against the equal split of the same round; round = the place in the interleaved runs of a 2-node scenario; step = the steady step time, of which compute = the slowest rank's compute (mean over steps), the rest being all-reduce and synchronisation; accuracy = rank 0's last held-out evaluation (the models train on scikit-learn's digits, 1,497 train and 300 held-out images from `make setup`: 3×32×32 CIFAR-10 binaries for the conv nets, 8×8 MNIST IDX for the mlp).\n"
+        "Samples/s over the steady state (the last half of the steps). Two ideals, both without communication: **ideal seq** = Σ of each rank's samples/s alone on its node, one rank after another (no other load on the machine); **ideal conc** = Σ of the ranks' samples/s when they all train alone at the same time (the same CPU contention as a cluster run; measured just before and just after each round's runs, and a round's runs are held to the mean of the two, shown with the two in brackets); × = samples/s over that ideal. × static = against the equal split of the same round; round = the place in the interleaved runs of a 2-node scenario; step = the steady step time, of which compute = the slowest rank's compute (mean over steps), the rest being all-reduce and synchronisation; accuracy = rank 0's last held-out evaluation (the models train on scikit-learn's digits, 1,497 train and 300 held-out images from `make setup`: 3×32×32 CIFAR-10 binaries for the conv nets, 8×8 MNIST IDX for the mlp).\n"
     );
     let _ = writeln!(
         s,
@@ -195,7 +206,7 @@ pub fn markdown(r: &Results) -> String {
             run_key(x).join(" | "),
             x.summary.samples_per_second,
             x.ideal,
-            opt(x.ideal_concurrent, 0),
+            ideal_conc(x),
             x.efficiency,
             opt(x.efficiency_concurrent, 2),
             opt(x.speedup_vs_static, 2),
@@ -251,15 +262,17 @@ pub fn markdown(r: &Results) -> String {
             s,
             "\n## Each rank without communication (the ideals' terms)\n"
         );
-        let _ = writeln!(s, "Alone = one rank after another (ideal seq); together = all ranks of the scenario at once, in round n (ideal conc); best subset = the subset's ranks alone, measured again in round n.\n");
+        let _ = writeln!(s, "Alone = one rank after another (ideal seq); together = all ranks of the scenario at once (ideal conc), measured before the first round and after each round; best subset = the subset's ranks alone, measured again in round n.\n");
         let _ = writeln!(
             s,
             "| model | node | speed | local batch | run | samples/s |"
         );
         let _ = writeln!(s, "|---|---|---:|---:|---|---:|");
         for a in &r.standalone {
-            let run = if a.together {
-                format!("together, round {}", a.round + 1)
+            let run = if a.together && a.round == 0 {
+                "together, before round 1".to_string()
+            } else if a.together {
+                format!("together, after round {}", a.round)
             } else if a.best_subset {
                 format!("best subset, round {}", a.round + 1)
             } else {

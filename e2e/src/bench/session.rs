@@ -224,6 +224,7 @@ async fn cluster_run(
         round,
         efficiency: if ideal > 0.0 { rate / ideal } else { 0.0 },
         ideal_concurrent: (conc > 0.0).then_some(conc),
+        ideal_concurrent_bracket: None,
         efficiency_concurrent: (conc > 0.0).then(|| rate / conc),
         speedup_vs_static: static_rate.filter(|s| *s > 0.0).map(|s| rate / s),
         best_subset: ideals.best_subset,
@@ -322,12 +323,19 @@ async fn scenario(
         .iter()
         .filter_map(|&i| sc.nodes.get(i).cloned())
         .collect();
+    // The concurrent ideal measured before each round's runs; with one
+    // more after the last round, each round's runs are held to the mean of
+    // the measurements that bracket them (the machine's load drifts).
+    let mut conc_before = Vec::new();
+    let mut rounds_run = 0;
     for round in 0..rounds_of(o, sc) {
         let policies = round_policies(&o.policies, round, sc);
         if policies.is_empty() {
             break;
         }
         ideals.conc = ideal::concurrent(cl, st, m, &sc.nodes, round).await?;
+        conc_before.push(ideals.conc);
+        rounds_run = round + 1;
         if !subset.is_empty() {
             ideals.best_subset = Some(ideal::best_subset(cl, st, m, &subset, round).await?);
         }
@@ -348,6 +356,11 @@ async fn scenario(
             report::write_all(out, &st.results)?;
         }
     }
+    if throttled.is_none() && rounds_run > 0 {
+        let after = ideal::concurrent(cl, st, m, &sc.nodes, rounds_run).await?;
+        conc_before.push(after);
+        bracket_concurrent(&mut st.results.runs, (&m.model, &sc.name), &conc_before);
+    }
     st.results
         .paired
         .retain(|p| (&p.model, &p.scenario) != (&m.model, &sc.name));
@@ -355,6 +368,29 @@ async fn scenario(
         .paired
         .push(split::paired(&st.results.runs, &m.model, &sc.name));
     report::write_all(out, &st.results)
+}
+
+/// Hold round k's runs of `model` and `scenario` to the mean of the
+/// concurrent ideals measured just before (`conc[k]`) and just after
+/// (`conc[k + 1]`) them; runs of a round without both measurements (or
+/// with a failed one, 0) keep theirs.
+fn bracket_concurrent(runs: &mut [RunResult], (model, scenario): (&str, &str), conc: &[f64]) {
+    for r in runs
+        .iter_mut()
+        .filter(|r| (r.model.as_str(), r.scenario.as_str()) == (model, scenario))
+    {
+        let k = r.round as usize;
+        let (Some(&before), Some(&after)) = (conc.get(k), conc.get(k + 1)) else {
+            continue;
+        };
+        if !(before > 0.0 && after > 0.0) {
+            continue;
+        }
+        let mean = (before + after) / 2.0;
+        r.ideal_concurrent = Some(mean);
+        r.ideal_concurrent_bracket = Some((before, after));
+        r.efficiency_concurrent = Some(r.summary.samples_per_second / mean);
+    }
 }
 
 /// Results with the run's start time, machine and settings.
@@ -398,6 +434,38 @@ mod tests {
             vec!["proportional", "dynamic", "hybrid"]
         );
         assert_eq!(round_policies(&all, 1, slow), vec!["dynamic"]);
+    }
+
+    #[test]
+    fn a_round_is_held_to_the_mean_of_the_ideals_around_it() {
+        use crate::bench::tests::test_run;
+        let mut runs = vec![
+            test_run("four-node", "dynamic", 1000.0, 2000.0, None),
+            test_run("four-node", "dynamic", 1500.0, 2000.0, None),
+            test_run("four-node", "static", 600.0, 2000.0, None),
+            test_run("two-node", "dynamic", 900.0, 2000.0, None),
+        ];
+        runs[1].round = 1;
+        runs[2].round = 2;
+        // Before round 1: 2000; between 1 and 2: 3000; before round 3: 2500,
+        // and no measurement after it.
+        bracket_concurrent(
+            &mut runs,
+            ("simple_cnn", "four-node"),
+            &[2000.0, 3000.0, 2500.0],
+        );
+        assert_eq!(runs[0].ideal_concurrent, Some(2500.0));
+        assert_eq!(runs[0].ideal_concurrent_bracket, Some((2000.0, 3000.0)));
+        assert_eq!(runs[0].efficiency_concurrent, Some(0.4));
+        assert_eq!(runs[1].ideal_concurrent, Some(2750.0));
+        // Round 3 has no measurement after it: unchanged.
+        assert_eq!(runs[2].ideal_concurrent, None);
+        assert_eq!(runs[2].ideal_concurrent_bracket, None);
+        // Another scenario: unchanged.
+        assert_eq!(runs[3].ideal_concurrent, None);
+        // A failed measurement (0) leaves the round's runs as they were.
+        bracket_concurrent(&mut runs, ("simple_cnn", "two-node"), &[0.0, 3000.0]);
+        assert_eq!(runs[3].efficiency_concurrent, None);
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub(crate) fn test_run(
         ideal,
         efficiency: rate / ideal,
         ideal_concurrent: None,
+        ideal_concurrent_bracket: None,
         efficiency_concurrent: None,
         speedup_vs_static: vs,
         best_subset: None,

@@ -66,6 +66,7 @@ fn targets_follow_the_measurements() {
     r.targets = c;
     r.runs[0].ideal_concurrent = Some(1200.0);
     r.runs[0].efficiency_concurrent = Some(0.8);
+    r.runs[0].ideal_concurrent_bracket = Some((1100.0, 1300.0));
     r.paired.push(crate::bench::split::paired(
         &r.runs,
         "simple_cnn",
@@ -74,7 +75,7 @@ fn targets_follow_the_measurements() {
     let md = markdown(&r);
     assert!(
         md.contains(
-            "| simple_cnn | two-node | dynamic | 1 | 960 | 1000 | 1200 | 0.96 | 0.80 | 1.70 |"
+            "| simple_cnn | two-node | dynamic | 1 | 960 | 1000 | 1200 (1100, 1300) | 0.96 | 0.80 | 1.70 |"
         ),
         "{md}"
     );
