@@ -257,8 +257,9 @@ pub struct RunResult {
     pub ideal: f64,
     /// samples/s over `ideal`.
     pub efficiency: f64,
-    /// Σ samples/s of the ranks training alone but all at the same time
-    /// (this round's measurement).
+    /// Σ samples/s of the ranks training alone but all at the same time:
+    /// the mean of the measurements just before and just after the round
+    /// (`ideal_concurrent_bracket`), else the one before it.
     #[serde(default)]
     pub ideal_concurrent: Option<f64>,
     /// The concurrent ideal measured just before and just after the

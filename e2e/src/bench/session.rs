@@ -357,9 +357,25 @@ async fn scenario(
         }
     }
     if throttled.is_none() && rounds_run > 0 {
-        let after = ideal::concurrent(cl, st, m, &sc.nodes, rounds_run).await?;
-        conc_before.push(after);
-        bracket_concurrent(&mut st.results.runs, (&m.model, &sc.name), &conc_before);
+        // A failed measurement after the last round leaves the runs held
+        // to the ideal before them (noted), not the scenario without its
+        // paired ratios.
+        match ideal::concurrent(cl, st, m, &sc.nodes, rounds_run).await {
+            Ok(after) => {
+                conc_before.push(after);
+                bracket_concurrent(&mut st.results.runs, (&m.model, &sc.name), &conc_before);
+            }
+            Err(e) => {
+                let msg = format!(
+                    "{} · {}: the concurrent ideal after the last round failed ({e:#}); the last round is held to the one before it",
+                    m.model, sc.name
+                );
+                eprintln!("    {msg}");
+                st.results
+                    .notes
+                    .push(msg.lines().next().unwrap_or("").to_string());
+            }
+        }
     }
     st.results
         .paired
