@@ -24,7 +24,8 @@ with simulated nodes whose speed is a CPU quota, and the real operator. For each
 scenario it first runs every rank alone on its node, one after another (the sequential ideal \
 is the sum of those rates) and all at the same time (the concurrent ideal), then trains the \
 same job under each balancing policy, one run at a time (2- and 4-node scenarios in --rounds \
-interleaved rounds of concurrent ideal, static, dynamic), on scikit-learn's digits \
+interleaved rounds of concurrent ideal, static, dynamic, and the concurrent ideal once more \
+after the last round: each round is held to the mean of the two around it), on scikit-learn's digits \
 (from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries for the conv nets, as 8x8 MNIST IDX files for the mlp) and reports held-out accuracy. It also reports plan \
 propagation latency, the trainer against PyTorch DDP, and the operator at 50/200/500 jobs × 8 \
 ranks. Writes results.json, results.csv, results.md and PNG plots to --out. \
@@ -57,7 +58,8 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Interleaved rounds of the 2- and 4-node scenarios (concurrent ideal, static,
-    /// dynamic; the first round also the other policies). Default 3, 1 with --quick.
+    /// dynamic; the first round also the other policies; one more concurrent ideal
+    /// after the last). Default 3, 1 with --quick.
     #[arg(long)]
     rounds: Option<u32>,
     /// Cores a rank on a speed-1.0 node gets (its CPU limit); node speeds scale it.
