@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use crate::decision::{gain_percent, noise_margin_percent};
 use crate::measured::{self, Review, Trial};
 use crate::policy::{policy_models, seed_models};
-use crate::rules::push_note;
+use crate::rules::{push_note, quota_note};
 use crate::split::max_step;
 use crate::subset::{self, secs};
 use crate::{Balancer, BalancerError, Decision, Policy, StepModel};
@@ -121,6 +121,7 @@ impl Balancer {
         for &r in &review.held_out {
             (lower[r], upper[r]) = (0, 0);
         }
+        let quota_held = self.hold_quota_bound(cur, &lower, &mut upper);
         let eligible: Vec<usize> = if self.leaves_out() {
             (1..n)
                 .filter(|&r| pm.has_data[r] && !out.stale_ranks.contains(&r))
@@ -154,6 +155,12 @@ impl Balancer {
         let mut plan = choice.batches;
         let mut predicted = max_step(predict_models, &plan);
         out.predicted_step_seconds = predicted;
+        let held_note = quota_note(&quota_held, &plan, &upper, predict_models, predicted);
+        if self.measured.note.is_empty() {
+            self.measured.note = held_note;
+        } else {
+            push_note(&mut self.measured.note, &held_note);
+        }
         let Some(cur) = cur else {
             out.reason = format!(
                 "{}: new plan because {}{}",

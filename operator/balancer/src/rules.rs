@@ -5,8 +5,9 @@
 use std::fmt::Write as _;
 
 use crate::decision::{list, ranks_named};
+use crate::measured::QUOTA_SATURATED;
 use crate::subset::{self, secs};
-use crate::{Balancer, Decision};
+use crate::{Balancer, Decision, StepModel};
 
 /// Samples a live-policy rank may gain per decision beyond doubling its
 /// batch (so that a batch of 1 or 2 can grow).
@@ -66,6 +67,54 @@ impl Balancer {
             }
         }
         (lower, upper)
+    }
+
+    /// Under the live policies, caps each training rank that used at least
+    /// [`QUOTA_SATURATED`] of its CPU quota at its `current` batch, and
+    /// returns those ranks with the share used. The compute a rank reports
+    /// is wall-clock time while it runs, at full speed between throttled
+    /// periods; what it can sustain is its quota. A rank that already
+    /// spends its quota has no idle time left to absorb more samples, so
+    /// more would lengthen every step whatever its compute model says (in
+    /// the bench, a 0.42-core rank computed 36 samples in 38 ms and 50 in
+    /// 70 ms). It may still shrink. No cap when the other ranks' caps
+    /// could not hold the global batch (a rank held out by a verdict must
+    /// go somewhere).
+    pub(crate) fn hold_quota_bound(
+        &self,
+        current: Option<&[u32]>,
+        lower: &[u32],
+        upper: &mut [u32],
+    ) -> Vec<(usize, f64)> {
+        let Some(cur) = current.filter(|_| self.config.policy.is_live()) else {
+            return Vec::new();
+        };
+        let held: Vec<(usize, f64)> = self
+            .ranks
+            .iter()
+            .zip(cur)
+            .enumerate()
+            .filter(|(_, (r, &b))| b > 0 && r.trial_samples.is_none())
+            .filter_map(|(i, (r, _))| Some((i, r.quota_use.filter(|&u| u >= QUOTA_SATURATED)?)))
+            .collect();
+        let capped = |r: usize, hi: u32| hi.min(cur[r].max(lower[r]));
+        let room: u64 = (0..upper.len())
+            .map(|r| {
+                let hi = upper[r];
+                u64::from(if held.iter().any(|&(h, _)| h == r) {
+                    capped(r, hi)
+                } else {
+                    hi
+                })
+            })
+            .sum();
+        if room < u64::from(self.config.global_batch_size) {
+            return Vec::new();
+        }
+        for &(r, _) in &held {
+            upper[r] = capped(r, upper[r]);
+        }
+        held
     }
 
     /// Why `current` cannot be kept, if it cannot.
@@ -196,5 +245,74 @@ pub(crate) fn push_note(reason: &mut String, note: &str) {
     if !note.is_empty() {
         reason.push_str("; ");
         reason.push_str(note);
+    }
+}
+
+/// The note for the quota-held ranks (see [`Balancer::hold_quota_bound`])
+/// whose cap binds in `plan`: at their cap, with compute the model predicts
+/// well below the plan's step (more samples would have been given to them).
+pub(crate) fn quota_note(
+    held: &[(usize, f64)],
+    plan: &[u32],
+    upper: &[u32],
+    models: &[StepModel],
+    predicted: f64,
+) -> String {
+    let binding: Vec<String> = held
+        .iter()
+        .filter(|&&(r, _)| {
+            plan[r] > 0 && plan[r] == upper[r] && models[r].predict(plan[r]) < 0.95 * predicted
+        })
+        .map(|&(r, used)| format!("rank {r} at {} ({:.0}%)", plan[r], used * 100.0))
+        .collect();
+    if binding.is_empty() {
+        return String::new();
+    }
+    format!(
+        "held at their batch, having used their CPU quota (more samples would lengthen the step whatever their compute model predicts): {}",
+        binding.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Balancer, BalancerConfig, Policy};
+
+    fn balancer(policy: Policy) -> Balancer {
+        let cfg = BalancerConfig {
+            policy,
+            global_batch_size: 128,
+            ..BalancerConfig::default()
+        };
+        let mut bal = Balancer::new(cfg, 2).expect("valid config");
+        bal.observe_quota_use(0, 0.97).expect("valid ratio");
+        bal.observe_quota_use(1, 0.5).expect("valid ratio");
+        bal
+    }
+
+    #[test]
+    fn a_quota_cap_that_would_leave_samples_nowhere_is_dropped() {
+        let bal = balancer(Policy::Dynamic);
+        let cur: &[u32] = &[96, 32];
+        // Rank 1 may grow: rank 0 is held at 96.
+        let mut upper = vec![128, 128];
+        assert_eq!(
+            bal.hold_quota_bound(Some(cur), &[1, 0], &mut upper),
+            vec![(0, 0.97)]
+        );
+        assert_eq!(upper, vec![96, 128]);
+        // Rank 1 is held out (a verdict): rank 0 must take all 128.
+        let mut upper = vec![128, 0];
+        assert!(bal
+            .hold_quota_bound(Some(cur), &[1, 0], &mut upper)
+            .is_empty());
+        assert_eq!(upper, vec![128, 0]);
+        // No current plan, or a policy that does not measure: no cap.
+        let mut upper = vec![128, 128];
+        assert!(bal.hold_quota_bound(None, &[1, 0], &mut upper).is_empty());
+        assert!(balancer(Policy::Proportional)
+            .hold_quota_bound(Some(cur), &[1, 0], &mut upper)
+            .is_empty());
+        assert_eq!(upper, vec![128, 128]);
     }
 }
