@@ -283,8 +283,34 @@ pub struct RunResult {
     pub throttle_window: Option<(f64, f64)>,
     /// Plan write → all ranks stepping on it, seconds, per plan change.
     pub propagation_seconds: Vec<f64>,
+    /// The plans the operator wrote (its last 20), with their reasons.
+    #[serde(default)]
+    pub plans: Vec<PlanChange>,
     pub wall_seconds: f64,
     pub series: Series,
+}
+
+/// One plan the operator wrote for a run's job (from its
+/// `status.planHistory`): why, and what it predicted.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PlanChange {
+    pub generation: u64,
+    pub batches: Vec<u32>,
+    pub reason: String,
+    pub predicted_gain_percent: f64,
+    pub predicted_step_seconds: Option<f64>,
+}
+
+impl From<&heterotrain_crds::RebalanceStatus> for PlanChange {
+    fn from(r: &heterotrain_crds::RebalanceStatus) -> Self {
+        PlanChange {
+            generation: r.generation,
+            batches: r.batch_sizes.clone(),
+            reason: r.reason.clone(),
+            predicted_gain_percent: r.predicted_gain_percent,
+            predicted_step_seconds: r.predicted_step_seconds,
+        }
+    }
 }
 
 /// Trainer vs PyTorch DDP, one model.

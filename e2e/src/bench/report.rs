@@ -138,6 +138,39 @@ fn time_split_section(s: &mut String, r: &Results) {
 }
 
 /// A section's heading, introduction, table header and alignment row.
+/// Every plan the operator wrote for the runs of the measuring policies
+/// (their jobs' `status.planHistory`, the last 20), with its reason.
+fn plans_section(s: &mut String, r: &Results) {
+    let runs: Vec<&RunResult> = r.runs.iter().filter(|x| !x.plans.is_empty()).collect();
+    if runs.is_empty() {
+        return;
+    }
+    table_head(
+        s,
+        "Plans written",
+        "The plans the operator wrote for each run that changed its plan (the job's last 20), with the predicted step and the decision's reason.",
+        "| model | scenario | policy | round | generation | batches | predicted step, ms | reason |",
+        "|---|---|---|---:|---:|---|---:|---|",
+    );
+    for x in runs {
+        for p in &x.plans {
+            let batches: Vec<String> = p.batches.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | [{}] | {} | {} |",
+                x.model,
+                x.scenario,
+                x.policy,
+                x.round + 1,
+                p.generation,
+                batches.join(", "),
+                opt(p.predicted_step_seconds.map(|t| t * 1000.0), 1),
+                p.reason.replace('|', "/").replace('\n', " ")
+            );
+        }
+    }
+}
+
 fn table_head(s: &mut String, title: &str, intro: &str, header: &str, align: &str) {
     let _ = writeln!(s, "\n## {title}\n");
     let _ = writeln!(s, "{intro}\n");
@@ -285,6 +318,7 @@ pub fn markdown(r: &Results) -> String {
             );
         }
     }
+    plans_section(&mut s, r);
     let _ = writeln!(s, "\n## Plan propagation\n");
     let _ = writeln!(
         s,

@@ -15,6 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 
 use super::analysis::{self, EvalRec, StepRec};
+use super::PlanChange;
 use crate::nodesim::NodesFile;
 use crate::system::{System, SystemOptions};
 use crate::wait::eventually;
@@ -53,6 +54,9 @@ pub struct JobRun {
     pub throttle_times: Option<(f64, f64)>,
     /// (generation, Unix time) of the operator's plan writes for the job.
     pub plan_writes: Vec<(u64, f64)>,
+    /// The job's `status.planHistory` at its end: the last plans the
+    /// operator wrote, with their reasons.
+    pub plans: Vec<PlanChange>,
     pub wall_seconds: f64,
 }
 
@@ -290,12 +294,22 @@ impl BenchCluster {
                 nodes[r] = p.spec.and_then(|s| s.node_name).unwrap_or_default();
             }
         }
+        // Read before the job is deleted; a run without it still counts.
+        let jobs: Api<HeteroTrainingJob> = Api::namespaced(self.client.clone(), &self.namespace);
+        let plans = jobs
+            .get(name)
+            .await
+            .ok()
+            .and_then(|j| j.status)
+            .map(|s| s.plan_history.iter().map(PlanChange::from).collect())
+            .unwrap_or_default();
         Ok(JobRun {
             ranks,
             evals,
             nodes,
             throttle_times,
             plan_writes: super::propagation::plan_writes(&self.system.operator_log(), name),
+            plans,
             wall_seconds: t0.elapsed().as_secs_f64(),
         })
     }

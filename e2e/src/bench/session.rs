@@ -240,6 +240,7 @@ async fn cluster_run(
             &run.ranks,
             &run.plan_writes,
         ),
+        plans: run.plans.clone(),
         wall_seconds: run.wall_seconds,
         series: series(&cs, run.ranks.len()),
     };

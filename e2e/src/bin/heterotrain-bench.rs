@@ -28,7 +28,8 @@ interleaved rounds of concurrent ideal, static, dynamic, and the concurrent idea
 after the last round: each round is held to the mean of the two around it), on scikit-learn's digits \
 (from `make setup`'s cache, as 3x32x32 CIFAR-10 binaries for the conv nets, as 8x8 MNIST IDX files for the mlp) and reports held-out accuracy. It also reports plan \
 propagation latency, the trainer against PyTorch DDP, and the operator at 50/200/500 jobs × 8 \
-ranks. Writes results.json, results.csv, results.md and PNG plots to --out. \
+ranks. Writes results.json, results.csv, results.md (with every plan the operator wrote for a \
+run and its reason) and PNG plots to --out. \
 The whole default bench takes about 35-40 minutes on a 2-core machine; targets are reported, \
 not asserted."
 )]

@@ -61,6 +61,7 @@ pub(crate) fn test_run(
         recovery: None,
         throttle_window: None,
         propagation_seconds: vec![],
+        plans: vec![],
         wall_seconds: 1.0,
         series: Series::default(),
     }

@@ -84,6 +84,22 @@ fn targets_follow_the_measurements() {
         "{md}"
     );
     assert!(md.contains("**missed**"));
+    // No run with plans: no section.
+    assert!(!md.contains("## Plans written"), "{md}");
+    r.runs[0].plans.push(crate::bench::PlanChange {
+        generation: 3,
+        batches: vec![100, 28],
+        reason: "dynamic: predicted step 0.0600s | a note".into(),
+        predicted_gain_percent: 12.0,
+        predicted_step_seconds: Some(0.06),
+    });
+    let md = markdown(&r);
+    assert!(
+        md.contains(
+            "| simple_cnn | two-node | dynamic | 1 | 3 | [100, 28] | 60.0 | dynamic: predicted step 0.0600s / a note |"
+        ),
+        "{md}"
+    );
     assert!(
         md.contains("p99 per reconcile stage: apply 2500 ms; the API server's slowest p99s: APPLY roles 900 ms (300 requests)."),
         "{md}"
