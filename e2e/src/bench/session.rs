@@ -378,6 +378,10 @@ async fn scenario(
             }
         }
     }
+    if let Some(note) = faster_together(&m.model, &sc.name, ideals.seq, &conc_before) {
+        say(&format!("    note: {note}"));
+        st.results.notes.push(note);
+    }
     st.results
         .paired
         .retain(|p| (&p.model, &p.scenario) != (&m.model, &sc.name));
@@ -385,6 +389,32 @@ async fn scenario(
         .paired
         .push(split::paired(&st.results.runs, &m.model, &sc.name));
     report::write_all(out, &st.results)
+}
+
+/// How far above the sequential ideal a concurrent one may come out before
+/// the report says so.
+const FASTER_TOGETHER: f64 = 1.10;
+
+/// A note when a concurrent ideal of `model` / `scenario` (`conc`, in
+/// measurement order) came out more than [`FASTER_TOGETHER`] × the
+/// sequential one (`seq`). The same ranks cannot step faster sharing the
+/// machine than each with the machine to itself, so the machine itself was
+/// faster then (a shared host's load moves), and the ratios against that
+/// measurement compare different machine states.
+fn faster_together(model: &str, scenario: &str, seq: f64, conc: &[f64]) -> Option<String> {
+    let over: Vec<String> = conc
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| seq > 0.0 && c > FASTER_TOGETHER * seq)
+        .map(|(i, c)| format!("{c:.0} (measurement {})", i + 1))
+        .collect();
+    (!over.is_empty()).then(|| {
+        format!(
+            "{model} · {scenario}: the concurrent ideal came out above the sequential one ({seq:.0}) by more than {:.0}%: {}. The ranks cannot step faster together than each alone, so the machine was faster then than during the sequential measurement; ratios against it mix machine states",
+            (FASTER_TOGETHER - 1.0) * 100.0,
+            over.join(", ")
+        )
+    })
 }
 
 /// Hold round k's runs of `model` and `scenario` to the mean of the
@@ -483,6 +513,21 @@ mod tests {
         // A failed measurement (0) leaves the round's runs as they were.
         bracket_concurrent(&mut runs, ("simple_cnn", "two-node"), &[0.0, 3000.0]);
         assert_eq!(runs[3].efficiency_concurrent, None);
+    }
+
+    #[test]
+    fn a_concurrent_ideal_above_the_sequential_one_is_noted() {
+        // Within 10% of the sequential ideal: no note.
+        assert_eq!(faster_together("m", "s", 2500.0, &[2400.0, 2740.0]), None);
+        assert_eq!(faster_together("m", "s", 0.0, &[2400.0]), None);
+        let note = faster_together("simple_cnn", "four-node", 2567.0, &[2301.0, 2988.0, 3557.0])
+            .expect("a note");
+        assert!(
+            note.starts_with(
+                "simple_cnn · four-node: the concurrent ideal came out above the sequential one (2567) by more than 10%: 2988 (measurement 2), 3557 (measurement 3)."
+            ),
+            "{note}"
+        );
     }
 
     #[test]
