@@ -49,6 +49,9 @@ pub struct RankReport {
     /// How far the rank's slow steps' compute runs over its typical one
     /// (as `heterotrain_compute_spread_seconds`; 0 before enough steps).
     pub spread_seconds: f64,
+    /// The share of its CPU quota the rank used lately (as
+    /// `heterotrain_cpu_quota_used_ratio`; 0 without a quota).
+    pub quota_used: f64,
 }
 
 /// Accumulates a rank's compute and whole-step times at one batch size.
@@ -106,6 +109,7 @@ impl Interval {
                 0.0
             },
             spread_seconds: self.spread,
+            quota_used: 0.0,
         }
     }
 
@@ -127,6 +131,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
         mine.last_compute_seconds,
         mine.mean_step_seconds,
         mine.spread_seconds,
+        mine.quota_used,
     ]);
     let outs = pg.all_gather(&t)?;
     Ok(outs
@@ -141,6 +146,7 @@ pub fn gather(pg: Option<&ProcessGroup>, mine: RankReport) -> Result<Vec<RankRep
                 last_compute_seconds: at(3),
                 mean_step_seconds: at(4),
                 spread_seconds: at(5),
+                quota_used: at(6).max(0.0),
             }
         })
         .collect())
@@ -252,8 +258,8 @@ impl LocalBalancer {
 
     /// One round: feed the reports, decide against `current`; a new plan
     /// (generation + 1) when the balancer finds one worth switching to.
-    /// Like the operator's policies, it also feeds each rank's whole step
-    /// and exposed communication, so a rank whose share of the exchange
+    /// Like the operator's policies, it also feeds each rank's whole step,
+    /// exposed communication and share of its CPU quota used, so a rank whose share of the exchange
     /// costs the gang more than its samples save is tried without and
     /// left out (batch 0) when the gang measures faster so — and a
     /// left-out rank is re-admitted for measurement now and then.
@@ -268,6 +274,9 @@ impl LocalBalancer {
                     .inner
                     .observe_step(r, rep.batch, rep.mean_compute_seconds);
                 let _ = self.inner.observe_compute_spread(r, rep.spread_seconds);
+                if rep.quota_used > 0.0 {
+                    let _ = self.inner.observe_quota_use(r, rep.quota_used);
+                }
                 if rep.mean_step_seconds > 0.0 {
                     let comm = (rep.mean_step_seconds - rep.mean_compute_seconds).max(0.0);
                     let _ = self.inner.observe_communication(r, comm);
@@ -381,6 +390,7 @@ mod tests {
             last_compute_seconds: 0.064,
             mean_step_seconds: 0.07,
             spread_seconds: spread,
+            quota_used: 0.0,
         };
         let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
         for _ in 0..4 {
@@ -427,6 +437,7 @@ mod tests {
                 last_compute_seconds: 0.1,
                 mean_step_seconds: 0.3,
                 spread_seconds: 0.0,
+                quota_used: 0.0,
             },
             RankReport {
                 batch: 32,
@@ -435,12 +446,42 @@ mod tests {
                 last_compute_seconds: 0.3,
                 mean_step_seconds: 0.3,
                 spread_seconds: 0.0,
+                quota_used: 0.0,
             },
         ];
         let p = lb.round(&reps, &cur).expect("a new plan");
         assert_eq!(p.generation, 1);
         assert_eq!(p.batch_sizes.iter().sum::<u32>(), 64);
         assert!(p.batch_sizes[0] > 32, "{:?}", p.batch_sizes);
+    }
+
+    /// Rank 1 computes faster than rank 0, so the balancer moves samples to
+    /// it, unless it reports having used its CPU quota (the operator's rule,
+    /// fed from the gathered reports).
+    #[test]
+    fn local_round_holds_a_rank_that_used_its_cpu_quota() {
+        let cfg = test_cfg();
+        let cur = BatchPlan::equal(0, 64, 2);
+        let report = |compute: f64, quota_used: f64| RankReport {
+            batch: 32,
+            mean_compute_seconds: compute,
+            samples: 5,
+            last_compute_seconds: compute,
+            mean_step_seconds: 0.3,
+            spread_seconds: 0.0,
+            quota_used,
+        };
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
+        let p = lb
+            .round(&[report(0.3, 0.5), report(0.1, 0.5)], &cur)
+            .expect("a new plan");
+        assert!(p.batch_sizes[1] > 32, "{:?}", p.batch_sizes);
+        let mut lb = LocalBalancer::new(&cfg.plan, 64, 1, 2).expect("balancer");
+        for _ in 0..4 {
+            if let Some(p) = lb.round(&[report(0.3, 0.5), report(0.1, 0.97)], &cur) {
+                assert!(p.batch_sizes[1] <= 32, "{:?}", p.batch_sizes);
+            }
+        }
     }
 
     /// Rank 1's compute is small at its share, but every step it takes part
@@ -459,6 +500,7 @@ mod tests {
             last_compute_seconds: 0.002 + per_sample * f64::from(b),
             mean_step_seconds: step,
             spread_seconds: 0.0,
+            quota_used: 0.0,
         };
         let mut left_out_at = None;
         for round in 0..60 {

@@ -70,7 +70,7 @@ pub struct TrainerMetrics {
     cpu_quota: FloatGauge,
     cpu_quota_used: FloatGauge,
     /// Process CPU seconds and the time at the previous refresh.
-    quota_seen: Mutex<Option<(f64, std::time::Instant)>>,
+    quota_seen: Mutex<QuotaMeter>,
     gpu: Option<GpuGauges>,
     /// Smoothing state of compute seconds per sample.
     ema: Mutex<Option<f64>>,
@@ -300,24 +300,9 @@ impl TrainerMetrics {
         let cpu_now = process_cpu_seconds();
         let quota = quota::cpu_quota_cores().unwrap_or(0.0);
         self.cpu_quota.set(quota);
-        if let (Some(cpu), Ok(mut seen)) = (cpu_now, self.quota_seen.lock()) {
-            let now = std::time::Instant::now();
-            match *seen {
-                // Over at least half a second (CPU time comes in 10 ms
-                // ticks); a sooner scrape keeps the older reference.
-                Some((cpu0, t0)) if now.duration_since(t0).as_secs_f64() >= 0.5 => {
-                    let allowed = now.duration_since(t0).as_secs_f64() * quota;
-                    let used = if allowed > 0.0 {
-                        ((cpu - cpu0) / allowed).max(0.0)
-                    } else {
-                        0.0
-                    };
-                    self.cpu_quota_used.set(used);
-                    *seen = Some((cpu, now));
-                }
-                Some(_) => {}
-                None => *seen = Some((cpu, now)),
-            }
+        if let Ok(mut meter) = self.quota_seen.lock() {
+            let used = meter.read_at(cpu_now, quota, std::time::Instant::now());
+            self.cpu_quota_used.set(used);
         }
         if let Some(cpu) = cpu_now {
             if let Ok(mut seen) = self.cpu_seen.lock() {
@@ -373,6 +358,7 @@ pub use heterotrain_crds::metrics::openmetrics_to_text;
 
 mod serve;
 
+pub use quota::QuotaMeter;
 use serve::process_cpu_seconds;
 pub use serve::{process_rss_bytes, serve};
 

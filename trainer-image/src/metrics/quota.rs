@@ -3,6 +3,48 @@
 //! `cpu.cfs_quota_us` / `cpu.cfs_period_us`).
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The share of its CPU quota this process used between readings (CPU time
+/// over the quota's allowance; 1 = all of it).
+#[derive(Debug, Default)]
+pub struct QuotaMeter {
+    seen: Option<(f64, Instant)>,
+    last: f64,
+}
+
+impl QuotaMeter {
+    /// The share used since the previous measurement, measured when at
+    /// least half a second has passed (CPU time comes in 10 ms ticks);
+    /// else the previous share (0 before the first, or without a quota).
+    pub fn read(&mut self) -> f64 {
+        self.read_at(
+            super::serve::process_cpu_seconds(),
+            cpu_quota_cores().unwrap_or(0.0),
+            Instant::now(),
+        )
+    }
+
+    /// [`QuotaMeter::read`] with the process's CPU seconds `cpu`, its quota
+    /// in cores and the time given.
+    pub fn read_at(&mut self, cpu: Option<f64>, quota: f64, now: Instant) -> f64 {
+        let Some(cpu) = cpu else { return self.last };
+        match self.seen {
+            Some((cpu0, t0)) if now.duration_since(t0).as_secs_f64() >= 0.5 => {
+                let allowed = now.duration_since(t0).as_secs_f64() * quota;
+                self.last = if allowed > 0.0 {
+                    ((cpu - cpu0) / allowed).max(0.0)
+                } else {
+                    0.0
+                };
+                self.seen = Some((cpu, now));
+            }
+            Some(_) => {}
+            None => self.seen = Some((cpu, now)),
+        }
+        self.last
+    }
+}
 
 /// Cores this process's cgroup quota allows; `None` when unlimited or
 /// unreadable.
@@ -79,6 +121,24 @@ fn v1_quota(dir: &Path) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_meter_measures_over_half_a_second_or_more() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut m = QuotaMeter::default();
+        // The first reading only starts the interval; unreadable CPU time
+        // changes nothing.
+        assert_eq!(m.read_at(Some(10.0), 0.5, at(0)), 0.0);
+        assert_eq!(m.read_at(None, 0.5, at(600)), 0.0);
+        // 0.3 s of CPU over 0.2 s: too soon, the previous share stands.
+        assert_eq!(m.read_at(Some(10.3), 0.5, at(200)), 0.0);
+        // 0.45 s of CPU over 1 s at 0.5 core: 90% used.
+        assert!((m.read_at(Some(10.45), 0.5, at(1000)) - 0.9).abs() < 1e-9);
+        // Without a quota: 0.
+        assert_eq!(m.read_at(Some(11.0), 0.0, at(2000)), 0.0);
+    }
+
     use super::*;
 
     fn write(dir: &Path, name: &str, text: &str) {

@@ -320,7 +320,7 @@ impl TrainerMetrics {
             cpu_seen: Mutex::new(0.0),
             cpu_quota,
             cpu_quota_used,
-            quota_seen: Mutex::new(None),
+            quota_seen: Mutex::new(super::QuotaMeter::default()),
             gpu,
             ema: Mutex::new(None),
         }

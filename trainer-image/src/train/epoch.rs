@@ -108,7 +108,9 @@ impl Trainer<'_> {
         if !(balance_now || status_now) {
             return Ok(());
         }
-        let reports = local_balance::gather(self.pg, self.interval.report())?;
+        let mut mine = self.interval.report();
+        mine.quota_used = self.quota.read();
+        let reports = local_balance::gather(self.pg, mine)?;
         // A plan still in flight (a lagged control word) was decided from
         // earlier measurements: wait for it before deciding again.
         let settled = self

@@ -100,6 +100,8 @@ struct Trainer<'a> {
     balancer: Option<LocalBalancer>,
     pending: Option<BatchPlan>,
     interval: Interval,
+    /// The share of its CPU quota this rank used, for the local balancer.
+    quota: crate::metrics::QuotaMeter,
     /// The step after a plan change (its compute is not measured).
     warm: bool,
     status_since: (Instant, u64),
@@ -161,6 +163,7 @@ impl<'a> Trainer<'a> {
             balancer: None,
             pending: None,
             interval: Interval::default(),
+            quota: crate::metrics::QuotaMeter::default(),
             warm: true,
             status_since: (Instant::now(), 0),
             sampler: HeteroSampler::new(p.data.train_len(), cfg.optim.seed, !cfg.data.no_shuffle),
