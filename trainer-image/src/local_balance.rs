@@ -259,10 +259,11 @@ impl LocalBalancer {
     /// One round: feed the reports, decide against `current`; a new plan
     /// (generation + 1) when the balancer finds one worth switching to.
     /// Like the operator's policies, it also feeds each rank's whole step,
-    /// exposed communication and share of its CPU quota used, so a rank whose share of the exchange
-    /// costs the gang more than its samples save is tried without and
-    /// left out (batch 0) when the gang measures faster so — and a
-    /// left-out rank is re-admitted for measurement now and then.
+    /// exposed communication and share of its CPU quota used, so a rank
+    /// whose share of the exchange costs the gang more than its samples
+    /// save is tried without and left out (batch 0) when the gang measures
+    /// faster so — and a left-out rank is re-admitted for measurement now
+    /// and then; a rank that spent its quota gets no more samples.
     pub fn round(&mut self, reports: &[RankReport], current: &BatchPlan) -> Option<BatchPlan> {
         for (r, rep) in reports.iter().enumerate() {
             if rep.batch == 0 {

@@ -137,7 +137,6 @@ fn time_split_section(s: &mut String, r: &Results) {
     }
 }
 
-/// A section's heading, introduction, table header and alignment row.
 /// Every plan the operator wrote for the runs of the measuring policies
 /// (their jobs' `status.planHistory`, the last 20), with its reason.
 fn plans_section(s: &mut String, r: &Results) {
@@ -171,6 +170,7 @@ fn plans_section(s: &mut String, r: &Results) {
     }
 }
 
+/// A section's heading, introduction, table header and alignment row.
 fn table_head(s: &mut String, title: &str, intro: &str, header: &str, align: &str) {
     let _ = writeln!(s, "\n## {title}\n");
     let _ = writeln!(s, "{intro}\n");

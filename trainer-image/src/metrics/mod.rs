@@ -69,7 +69,7 @@ pub struct TrainerMetrics {
     cpu_seen: Mutex<f64>,
     cpu_quota: FloatGauge,
     cpu_quota_used: FloatGauge,
-    /// Process CPU seconds and the time at the previous refresh.
+    /// The share of the CPU quota used between refreshes.
     quota_seen: Mutex<QuotaMeter>,
     gpu: Option<GpuGauges>,
     /// Smoothing state of compute seconds per sample.
