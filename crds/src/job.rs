@@ -617,6 +617,14 @@ pub struct LoadBalancingSpec {
     /// `leftOutRanks`.
     #[serde(default = "default_true")]
     pub leave_out_slow_ranks: bool,
+    /// Cap a rank that spent its CPU quota (default true): with the
+    /// `dynamic` and `hybrid` policies a training rank that used at least
+    /// 90% of its cgroup's CPU quota (`heterotrain_cpu_quota_used_ratio`)
+    /// gets no more samples than it trains now; it may still get fewer. Its
+    /// compute is measured in bursts between throttled periods, so its model
+    /// says it could take more, but it has no idle time left to run them in.
+    #[serde(default = "default_true")]
+    pub cap_quota_bound_ranks: bool,
     /// Leaving a rank out must predict a step at least this many percent
     /// shorter than the best plan that keeps it (default 10), on top of
     /// `minGainPercent`, so that noise never flaps membership.
@@ -651,6 +659,7 @@ impl Default for LoadBalancingSpec {
             max_local_batch: None,
             straggler_threshold_percent: default_straggler(),
             leave_out_slow_ranks: true,
+            cap_quota_bound_ranks: true,
             leave_out_margin_percent: default_leave_out_margin(),
             readmit_after_decisions: default_readmit_after(),
             metrics_source: MetricsSource::default(),
@@ -1055,15 +1064,18 @@ mod tests {
         let lb: LoadBalancingSpec = serde_json::from_value(serde_json::json!({})).unwrap();
         assert_eq!(lb, LoadBalancingSpec::default());
         assert!(lb.leave_out_slow_ranks);
+        assert!(lb.cap_quota_bound_ranks);
         assert_eq!(lb.leave_out_margin_percent, 10);
         assert_eq!(lb.readmit_after_decisions, 20);
         let lb: LoadBalancingSpec = serde_json::from_value(serde_json::json!({
             "leaveOutSlowRanks": false,
+            "capQuotaBoundRanks": false,
             "leaveOutMarginPercent": 25,
             "readmitAfterDecisions": 5
         }))
         .unwrap();
         assert!(!lb.leave_out_slow_ranks);
+        assert!(!lb.cap_quota_bound_ranks);
         assert_eq!(
             (lb.leave_out_margin_percent, lb.readmit_after_decisions),
             (25, 5)

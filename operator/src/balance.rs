@@ -21,6 +21,7 @@ pub fn config_of(spec: &HeteroTrainingJobSpec, policy: Policy, window: usize) ->
         straggler_factor: (f64::from(lb.straggler_threshold_percent) / 100.0).max(1.01),
         window: window.max(1),
         leave_out_slow_ranks: lb.leave_out_slow_ranks,
+        cap_quota_bound_ranks: lb.cap_quota_bound_ranks,
         leave_out_margin_percent: lb.leave_out_margin_percent.min(100),
         readmit_after_decisions: lb.readmit_after_decisions.max(1),
         ..BalancerConfig::default()

@@ -134,6 +134,20 @@ pub const POLICIES: [&str; 5] = [
     "seed-formula",
 ];
 
+/// Policy variants the bench can also run (`--policies`):
+/// `dynamic-uncapped` is `dynamic` with `capQuotaBoundRanks: false`, run in
+/// every round beside `dynamic` to measure what the cap on ranks that spent
+/// their CPU quota does.
+pub const VARIANTS: [&str; 1] = ["dynamic-uncapped"];
+
+/// The job spec's policy and `capQuotaBoundRanks` for a bench policy name.
+pub fn spec_policy(name: &str) -> (&str, bool) {
+    match name {
+        "dynamic-uncapped" => ("dynamic", false),
+        p => (p, true),
+    }
+}
+
 /// A model and the run length used for it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ModelRun {
@@ -401,7 +415,12 @@ pub struct Results {
     pub ddp: Vec<DdpRow>,
     pub scale: Vec<ScalePoint>,
     pub targets: Vec<TargetCheck>,
+    /// What failed (a run, a measurement).
     pub notes: Vec<String>,
+    /// Measurements that do not fail but ask for care in reading them
+    /// (a concurrent ideal above the sequential one).
+    #[serde(default)]
+    pub cautions: Vec<String>,
     pub total_seconds: f64,
 }
 

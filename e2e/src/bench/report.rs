@@ -94,6 +94,32 @@ fn paired_section(s: &mut String, r: &Results) {
             Spread::show(&p.dynamic_vs_best_subset)
         );
     }
+    let ab: Vec<_> = r
+        .paired
+        .iter()
+        .filter(|p| p.uncapped_vs_dynamic.is_some())
+        .collect();
+    if ab.is_empty() {
+        return;
+    }
+    table_head(
+        s,
+        "The quota cap: dynamic with and without it",
+        "`dynamic-uncapped` is `dynamic` with `capQuotaBoundRanks: false` (a rank that spent its CPU quota may get more samples), run in every round right after `dynamic`; median (min–max, n rounds).",
+        "| model | scenario | uncapped / dynamic | uncapped / ideal conc | dynamic / ideal conc |",
+        "|---|---|---:|---:|---:|",
+    );
+    for p in ab {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            p.model,
+            p.scenario,
+            Spread::show(&p.uncapped_vs_dynamic),
+            Spread::show(&p.uncapped_vs_concurrent),
+            Spread::show(&p.dynamic_vs_concurrent)
+        );
+    }
 }
 
 /// Per rank: compute, exposed communication and optimizer time per step.
@@ -395,9 +421,9 @@ pub fn markdown(r: &Results) -> String {
             let _ = writeln!(s, "| {} | {} | {} |", t.target, t.measured, yes_no(t.met));
         }
     }
-    if !r.notes.is_empty() {
+    if !(r.notes.is_empty() && r.cautions.is_empty()) {
         let _ = writeln!(s, "\n## Notes\n");
-        for n in &r.notes {
+        for n in r.notes.iter().chain(&r.cautions) {
             let _ = writeln!(s, "- {n}");
         }
     }

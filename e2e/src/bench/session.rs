@@ -92,7 +92,7 @@ fn round_policies<'p>(policies: &'p [String], round: u32, sc: &Scenario) -> Vec<
     policies
         .iter()
         .map(String::as_str)
-        .filter(|p| round == 0 || *p == "static" || *p == "dynamic")
+        .filter(|p| round == 0 || matches!(*p, "static" | "dynamic" | "dynamic-uncapped"))
         .filter(|p| with_static || *p != "static")
         .collect()
 }
@@ -379,8 +379,8 @@ async fn scenario(
         }
     }
     if let Some(note) = faster_together(&m.model, &sc.name, ideals.seq, &conc_before) {
-        say(&format!("    note: {note}"));
-        st.results.notes.push(note);
+        say(&format!("    caution: {note}"));
+        st.results.cautions.push(note);
     }
     st.results
         .paired
@@ -395,12 +395,12 @@ async fn scenario(
 /// the report says so.
 const FASTER_TOGETHER: f64 = 1.10;
 
-/// A note when a concurrent ideal of `model` / `scenario` (`conc`, in
+/// A caution when a concurrent ideal of `model` / `scenario` (`conc`, in
 /// measurement order) came out more than [`FASTER_TOGETHER`] × the
-/// sequential one (`seq`). The same ranks cannot step faster sharing the
-/// machine than each with the machine to itself, so the machine itself was
-/// faster then (a shared host's load moves), and the ratios against that
-/// measurement compare different machine states.
+/// sequential one (`seq`). On an unchanged machine the same ranks cannot
+/// step faster sharing it than each with the machine to itself, so the two
+/// measurements saw different machine states (a shared host's load moves),
+/// and ratios against the one or the other differ by as much.
 fn faster_together(model: &str, scenario: &str, seq: f64, conc: &[f64]) -> Option<String> {
     let over: Vec<String> = conc
         .iter()
@@ -410,7 +410,7 @@ fn faster_together(model: &str, scenario: &str, seq: f64, conc: &[f64]) -> Optio
         .collect();
     (!over.is_empty()).then(|| {
         format!(
-            "{model} · {scenario}: the concurrent ideal came out above the sequential one ({seq:.0}) by more than {:.0}%: {}. The ranks cannot step faster together than each alone, so the machine was faster then than during the sequential measurement; ratios against it mix machine states",
+            "{model} · {scenario}: the concurrent ideal came out above the sequential one ({seq:.0}) by more than {:.0}%: {}. On an unchanged machine the ranks cannot step faster together than each alone, so the two saw different machine states; ratios against the one or the other differ by as much",
             (FASTER_TOGETHER - 1.0) * 100.0,
             over.join(", ")
         )
@@ -473,6 +473,13 @@ mod tests {
         let two = scs.iter().find(|s| s.name == "two-node").unwrap();
         assert_eq!(round_policies(&all, 0, two).len(), 4);
         assert_eq!(round_policies(&all, 2, two), vec!["static", "dynamic"]);
+        let ab: Vec<String> = ["static", "dynamic", "dynamic-uncapped", "hybrid"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            round_policies(&ab, 1, two),
+            vec!["static", "dynamic", "dynamic-uncapped"]
+        );
         assert!(round_policies(&["hybrid".to_string()], 1, two).is_empty());
         // Against its best subset: no static.
         let slow = scs.iter().find(|s| s.name == "slow-node").unwrap();

@@ -122,6 +122,7 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
         );
     }
     let millis = ((p.core_unit * 1000.0).round() as u64).max(10);
+    let (policy, cap) = super::spec_policy(p.policy);
     let workers: Vec<serde_json::Value> = p
         .nodes
         .iter()
@@ -161,7 +162,12 @@ pub fn job(p: &JobParams) -> Result<HeteroTrainingJob> {
                 "seed": 1,
                 "optimizerSharding": p.optimizer_sharding.as_str()
             },
-            "loadBalancing": {"policy": p.policy, "rebalanceIntervalSteps": 10, "minGainPercent": 5},
+            "loadBalancing": {
+                "policy": policy,
+                "rebalanceIntervalSteps": 10,
+                "minGainPercent": 5,
+                "capQuotaBoundRanks": cap
+            },
             "profiling": {"enabled": p.profiling},
             "checkpoint": {"everySteps": 0},
             "runPolicy": {"backoffLimit": 0}

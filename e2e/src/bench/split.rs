@@ -66,6 +66,12 @@ pub struct Paired {
     /// measured against one).
     #[serde(default)]
     pub dynamic_vs_best_subset: Option<Spread>,
+    /// Round k's `dynamic-uncapped` run against round k's dynamic run.
+    #[serde(default)]
+    pub uncapped_vs_dynamic: Option<Spread>,
+    /// `dynamic-uncapped` against the concurrent ideal.
+    #[serde(default)]
+    pub uncapped_vs_concurrent: Option<Spread>,
 }
 
 /// The paired ratios of `model` on `scenario` from `runs`.
@@ -75,21 +81,25 @@ pub fn paired(runs: &[RunResult], model: &str, scenario: &str) -> Paired {
             .filter(|x| x.model == model && x.scenario == scenario && x.policy == policy)
             .collect()
     };
-    let (dynamic, stat) = (of("dynamic"), of("static"));
-    let vs_static: Vec<f64> = dynamic
-        .iter()
-        .filter_map(|d| {
-            let s = stat.iter().find(|s| s.round == d.round)?;
-            (s.summary.samples_per_second > 0.0)
-                .then(|| d.summary.samples_per_second / s.summary.samples_per_second)
-        })
-        .collect();
+    let (dynamic, stat, uncapped) = (of("dynamic"), of("static"), of("dynamic-uncapped"));
+    // Each run of `xs` over the same round's run of `base`.
+    let same_round = |xs: &[&RunResult], base: &[&RunResult]| -> Vec<f64> {
+        xs.iter()
+            .filter_map(|d| {
+                let s = base.iter().find(|s| s.round == d.round)?;
+                (s.summary.samples_per_second > 0.0)
+                    .then(|| d.summary.samples_per_second / s.summary.samples_per_second)
+            })
+            .collect()
+    };
+    let vs_static = same_round(&dynamic, &stat);
     let vs_conc = |xs: &[&RunResult]| -> Vec<f64> {
         xs.iter().filter_map(|x| x.efficiency_concurrent).collect()
     };
     let rounds = dynamic
         .iter()
         .chain(&stat)
+        .chain(&uncapped)
         .map(|x| x.round + 1)
         .max()
         .unwrap_or(0);
@@ -100,6 +110,8 @@ pub fn paired(runs: &[RunResult], model: &str, scenario: &str) -> Paired {
         dynamic_vs_static: Spread::of(&vs_static),
         dynamic_vs_concurrent: Spread::of(&vs_conc(&dynamic)),
         static_vs_concurrent: Spread::of(&vs_conc(&stat)),
+        uncapped_vs_dynamic: Spread::of(&same_round(&uncapped, &dynamic)),
+        uncapped_vs_concurrent: Spread::of(&vs_conc(&uncapped)),
         dynamic_vs_best_subset: Spread::of(
             &dynamic
                 .iter()

@@ -11,7 +11,7 @@ use heterotrain_crds::OptimizerSharding;
 use heterotrain_e2e::bench::session::{self, say, State, TrainingOptions};
 use heterotrain_e2e::bench::spec::NodeCpus;
 use heterotrain_e2e::bench::{
-    self, analysis, ddp, model_runs, plots, report, scale, Results, POLICIES,
+    self, analysis, ddp, model_runs, plots, report, scale, Results, POLICIES, VARIANTS,
 };
 
 #[derive(Parser)]
@@ -48,7 +48,9 @@ struct Cli {
         default_value = "two-node,four-node,throttle,homogeneous,slow-node"
     )]
     scenarios: Vec<String>,
-    /// Policies (comma-separated): static, proportional, dynamic, hybrid, seed-formula.
+    /// Policies (comma-separated): static, proportional, dynamic, hybrid, seed-formula;
+    /// also dynamic-uncapped (dynamic with capQuotaBoundRanks off, run in every round beside
+    /// dynamic: what the cap on ranks that spent their CPU quota does).
     #[arg(
         long,
         value_delimiter = ',',
@@ -125,8 +127,12 @@ fn validate(cli: &Cli) -> Result<()> {
         }
     }
     for p in &cli.policies {
-        if !POLICIES.contains(&p.as_str()) {
-            bail!("unknown policy {p:?} ({})", POLICIES.join(", "));
+        if !POLICIES.contains(&p.as_str()) && !VARIANTS.contains(&p.as_str()) {
+            bail!(
+                "unknown policy {p:?} ({}, or the variant {})",
+                POLICIES.join(", "),
+                VARIANTS.join(", ")
+            );
         }
     }
     if !(cli.core_unit > 0.0 && cli.core_unit <= 8.0) {
@@ -142,6 +148,7 @@ fn training_options(cli: &Cli) -> TrainingOptions {
     let scale = if cli.quick { 0.5 } else { 1.0 };
     let mut policies: Vec<String> = POLICIES
         .iter()
+        .chain(&VARIANTS)
         .filter(|p| cli.policies.iter().any(|x| x == *p))
         .map(|p| p.to_string())
         .collect();
@@ -303,5 +310,12 @@ mod tests {
         assert_eq!(training_options(&full).rounds, 3);
         let two = Cli::try_parse_from(["b", "--quick", "--rounds", "2"]).unwrap();
         assert_eq!(training_options(&two).rounds, 2);
+        // The cap's A/B variant runs after the policies it is compared with.
+        let ab = Cli::try_parse_from(["b", "--policies", "dynamic-uncapped,dynamic"]).unwrap();
+        assert!(validate(&ab).is_ok());
+        assert_eq!(
+            training_options(&ab).policies,
+            vec!["dynamic", "dynamic-uncapped"]
+        );
     }
 }

@@ -115,6 +115,10 @@ pub struct BalancerConfig {
     /// rank other than rank 0 a local batch of 0 — leave it out — when the
     /// others alone finish each step sooner than with it.
     pub leave_out_slow_ranks: bool,
+    /// Live policies (dynamic, hybrid): a training rank that used at least
+    /// 90% of its CPU quota gets no more samples than it trains now (see
+    /// `Balancer::hold_quota_bound`).
+    pub cap_quota_bound_ranks: bool,
     /// Leaving a rank out must also predict a step at least this many
     /// percent shorter than the best plan that leaves out no further rank,
     /// so that noise never flaps membership.
@@ -145,6 +149,7 @@ impl Default for BalancerConfig {
             prior_weight: 20.0,
             min_damping: 0.25,
             leave_out_slow_ranks: true,
+            cap_quota_bound_ranks: true,
             leave_out_margin_percent: 10,
             readmit_after_decisions: 20,
         }
@@ -239,12 +244,14 @@ mod tests {
         assert_eq!(c.straggler_factor, 1.5);
         assert_eq!(c.window, 20);
         assert!(c.leave_out_slow_ranks);
+        assert!(c.cap_quota_bound_ranks);
         assert_eq!(c.leave_out_margin_percent, 10);
         assert_eq!(c.readmit_after_decisions, 20);
         let v = serde_json::to_value(&c).expect("json");
         assert!(v.get("stragglerFactor").is_some());
         for key in [
             "leaveOutSlowRanks",
+            "capQuotaBoundRanks",
             "leaveOutMarginPercent",
             "readmitAfterDecisions",
         ] {

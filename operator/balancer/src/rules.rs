@@ -69,7 +69,8 @@ impl Balancer {
         (lower, upper)
     }
 
-    /// Under the live policies, caps each training rank that used at least
+    /// Under the live policies (unless `capQuotaBoundRanks` is off), caps
+    /// each training rank that used at least
     /// [`QUOTA_SATURATED`] of its CPU quota at its `current` batch, and
     /// returns those ranks with the share used. The compute a rank reports
     /// is wall-clock time while it runs, at full speed between throttled
@@ -86,7 +87,8 @@ impl Balancer {
         lower: &[u32],
         upper: &mut [u32],
     ) -> Vec<(usize, f64)> {
-        let Some(cur) = current.filter(|_| self.config.policy.is_live()) else {
+        let on = self.config.policy.is_live() && self.config.cap_quota_bound_ranks;
+        let Some(cur) = current.filter(|_| on) else {
             return Vec::new();
         };
         let held: Vec<(usize, f64)> = self

@@ -76,6 +76,24 @@ fn a_saturated_rank_may_still_shrink() {
 }
 
 #[test]
+fn the_cap_can_be_turned_off() {
+    let cfg = heterotrain_balancer::BalancerConfig {
+        cap_quota_bound_ranks: false,
+        ..config(Policy::Dynamic, 128)
+    };
+    let mut bal: Balancer = profiled(cfg, &equal());
+    let mut plan = vec![96, 32];
+    for _ in 0..3 {
+        feed_measured(&mut bal, &plan, &equal(), 20, &|_: &[u32]| 0.004);
+        bal.observe_quota_use(1, 0.97).expect("valid ratio");
+        let d = bal.decide(&plan).expect("decide");
+        assert!(!d.reason.contains("held at their batch"), "{}", d.reason);
+        plan = d.batches_or(&plan).to_vec();
+    }
+    assert!(plan[1] > 48, "{plan:?}");
+}
+
+#[test]
 fn the_static_and_profile_policies_ignore_quota_use() {
     // Proportional plans from the start-up profiles alone: equal speeds,
     // equal split, whatever the quota use.

@@ -96,3 +96,36 @@ fn nodes_get_cpus_of_their_own_where_there_are_enough() {
     assert!(one.values().all(|c| c == &vec![3]), "{one:?}");
     assert!(node_cpus(&sc, &[], NodeCpus::Spread).is_empty());
 }
+
+#[test]
+fn the_uncapped_variant_is_dynamic_without_the_quota_cap() {
+    use super::spec::{job, JobParams};
+    let m = model_runs(1.0)
+        .into_iter()
+        .find(|m| m.model == "simple_cnn")
+        .expect("simple_cnn");
+    let nodes = scenarios()
+        .into_iter()
+        .find(|s| s.name == "two-node")
+        .expect("two-node")
+        .nodes;
+    let spec_of = |policy: &str| {
+        let j = job(&JobParams {
+            name: "j",
+            model: &m,
+            nodes: &nodes,
+            policy,
+            global_batch: 128,
+            steps: 10,
+            core_unit: 0.6,
+            profiling: false,
+            optimizer_sharding: heterotrain_crds::OptimizerSharding::default(),
+        })
+        .expect("a job");
+        let lb = j.spec.load_balancing;
+        (lb.policy.as_str().to_string(), lb.cap_quota_bound_ranks)
+    };
+    assert_eq!(spec_of("dynamic"), ("dynamic".to_string(), true));
+    assert_eq!(spec_of("dynamic-uncapped"), ("dynamic".to_string(), false));
+    assert_eq!(spec_of("hybrid"), ("hybrid".to_string(), true));
+}

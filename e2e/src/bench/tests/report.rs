@@ -84,6 +84,20 @@ fn targets_follow_the_measurements() {
         "{md}"
     );
     assert!(md.contains("**missed**"));
+    // No dynamic-uncapped runs: no section for them.
+    assert!(!md.contains("The quota cap"), "{md}");
+    let mut dy = run("two-node", "dynamic", 1000.0, 1100.0, None);
+    dy.efficiency_concurrent = Some(0.8);
+    let mut un = run("two-node", "dynamic-uncapped", 900.0, 1100.0, None);
+    un.efficiency_concurrent = Some(0.72);
+    let p = crate::bench::split::paired(&[dy, un], "simple_cnn", "two-node");
+    let mut ab = r.clone();
+    ab.paired = vec![p];
+    let md_ab = markdown(&ab);
+    assert!(
+        md_ab.contains("| simple_cnn | two-node | 0.90 (n=1) | 0.72 (n=1) | 0.80 (n=1) |"),
+        "{md_ab}"
+    );
     // No run with plans: no section.
     assert!(!md.contains("## Plans written"), "{md}");
     r.runs[0].plans.push(crate::bench::PlanChange {
