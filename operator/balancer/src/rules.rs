@@ -99,23 +99,16 @@ impl Balancer {
             .filter(|(_, (r, &b))| b > 0 && r.trial_samples.is_none())
             .filter_map(|(i, (r, _))| Some((i, r.quota_use.filter(|&u| u >= QUOTA_SATURATED)?)))
             .collect();
-        let capped = |r: usize, hi: u32| hi.min(cur[r].max(lower[r]));
-        let room: u64 = (0..upper.len())
-            .map(|r| {
-                let hi = upper[r];
-                u64::from(if held.iter().any(|&(h, _)| h == r) {
-                    capped(r, hi)
-                } else {
-                    hi
-                })
-            })
-            .sum();
-        if room < u64::from(self.config.global_batch_size) {
+        let mut capped = upper.to_vec();
+        for &(r, _) in &held {
+            capped[r] = capped[r].min(cur[r].max(lower[r]));
+        }
+        if capped.iter().map(|&u| u64::from(u)).sum::<u64>()
+            < u64::from(self.config.global_batch_size)
+        {
             return Vec::new();
         }
-        for &(r, _) in &held {
-            upper[r] = capped(r, upper[r]);
-        }
+        upper.copy_from_slice(&capped);
         held
     }
 
