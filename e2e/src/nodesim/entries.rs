@@ -41,6 +41,18 @@ impl<V: Clone> Entries<V> {
     pub fn values(&self) -> Option<Vec<V>> {
         self.0.lock().ok().map(|e| e.values().cloned().collect())
     }
+
+    /// Run `write` on every entry (in key order) while holding the lock, so
+    /// that writers of the same entries run one at a time and each writes
+    /// what it saw last: a snapshot taken before the lock could be written
+    /// after a newer one and undo an insert or a removal made in between
+    /// (pods starting on several nodes at once each write the file).
+    /// `None`: the lock is poisoned.
+    pub fn write_out<R>(&self, write: impl FnOnce(&[V]) -> R) -> Option<R> {
+        let e = self.0.lock().ok()?;
+        let all: Vec<V> = e.values().cloned().collect();
+        Some(write(&all))
+    }
 }
 
 #[cfg(test)]

@@ -54,11 +54,15 @@ impl HostsFile {
         format!("# END {}", self.marker)
     }
 
-    /// Rewrite our block under an exclusive `flock` on the file.
+    /// Rewrite our block under an exclusive `flock` on the file (other
+    /// simulators' blocks) and the entries' lock (this one's other writers).
     fn sync(&self) -> Result<()> {
-        let Some(entries) = self.entries.values() else {
-            return Ok(());
-        };
+        self.entries
+            .write_out(|entries| self.write_block(entries))
+            .unwrap_or(Ok(()))
+    }
+
+    fn write_block(&self, entries: &[(String, Vec<String>)]) -> Result<()> {
         let block: Vec<String> = entries
             .iter()
             .map(|(ip, names)| format!("{ip} {}", names.join(" ")))
@@ -142,6 +146,47 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             "127.0.0.1 localhost\n"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Pods start on several nodes at once, each adding its names: none
+    /// may be lost to a writer that read the entries before it was added.
+    #[test]
+    fn concurrent_adds_all_land_in_the_file() {
+        let dir = std::env::temp_dir().join(format!("hosts-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hosts");
+        std::fs::write(&path, "127.0.0.1 localhost\n").unwrap();
+        let hosts = HostsFile::new(&path, "race");
+        let (threads, each) = (8, 30);
+        // The lost write needs an unlucky interleaving: several rounds.
+        for round in 0..6 {
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let hosts = &hosts;
+                    s.spawn(move || {
+                        for i in 0..each {
+                            let name = format!("p{round}-{t}-{i}.j.ns.svc");
+                            let (key, ip) =
+                                (format!("u{round}-{t}-{i}"), format!("127.{round}.{t}.{i}"));
+                            hosts.add(&key, &ip, vec![name]).unwrap();
+                        }
+                    });
+                }
+            });
+            let text = std::fs::read_to_string(&path).unwrap();
+            let missing: Vec<String> = (0..threads)
+                .flat_map(|t| {
+                    (0..each).map(move |i| format!("127.{round}.{t}.{i} p{round}-{t}-{i}.j.ns.svc"))
+                })
+                .filter(|line| !text.lines().any(|l| l == line))
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "round {round}: lost entries: {missing:?}"
+            );
+        }
+        drop(hosts);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -345,10 +345,14 @@ impl Enforcer {
     /// Read the policies and namespaces and apply the rules they give, when
     /// they changed. A failure is reported once and kept in [`State`].
     pub async fn sync(&self, client: &Client) -> Result<()> {
+        // One sync at a time, each rendering the pods as they are once it
+        // runs: a sync that read them earlier cannot apply its older rules
+        // over a newer one's (pods start on several nodes at once).
+        let mut applied = self.applied.lock().await;
         // Nothing to enforce and nothing written yet (no pod of this
         // instance has had an address): no need to read every policy.
         let pods = self.pods.values().unwrap_or_default();
-        if pods.is_empty() && self.applied.lock().await.is_none() {
+        if pods.is_empty() && applied.is_none() {
             return Ok(());
         }
         let policies = Api::<NetworkPolicy>::all(client.clone())
@@ -365,7 +369,6 @@ impl Enforcer {
             .filter_map(|n| Some((n.metadata.name?, n.metadata.labels.unwrap_or_default())))
             .collect();
         let script = render(&self.table, &pods, &policies, &namespaces);
-        let mut applied = self.applied.lock().await;
         if applied.as_deref() == Some(script.as_str()) {
             return Ok(());
         }

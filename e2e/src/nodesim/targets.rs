@@ -68,10 +68,59 @@ impl Targets {
         let Some(path) = self.file.lock().ok().and_then(|p| p.clone()) else {
             return;
         };
-        let all = self.entries.values().unwrap_or_default();
-        let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, serde_json::to_vec_pretty(&all).unwrap_or_default()).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
+        // One writer at a time, with the entries as they are now: the
+        // writers share the temporary file.
+        self.entries.write_out(|all| {
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, serde_json::to_vec_pretty(all).unwrap_or_default()).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "ports": [{"name": "metrics", "containerPort": 9400}]}]}
+        }))
+        .expect("a valid pod")
+    }
+
+    /// Pods start on several nodes at once: every target lands in the file.
+    #[test]
+    fn concurrent_adds_all_land_in_the_file() {
+        let dir = std::env::temp_dir().join(format!("targets-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("targets.json");
+        let targets = Targets::default();
+        targets.export_to(&path);
+        let (threads, each) = (8, 30);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let targets = &targets;
+                s.spawn(move || {
+                    for i in 0..each {
+                        targets.add(
+                            &pod(&format!("u{t}-{i}"), &format!("p{t}-{i}")),
+                            &format!("127.9.{t}.{i}"),
+                        );
+                    }
+                });
+            }
+        });
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(list.len(), threads * each);
+        targets.remove("u0-0");
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(list.len(), threads * each - 1);
+        assert!(list.iter().all(|t| t["labels"]["pod"] != "p0-0"));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
