@@ -105,7 +105,7 @@ fn paired_section(s: &mut String, r: &Results) {
     table_head(
         s,
         "The quota cap: dynamic with and without it",
-        "`dynamic-uncapped` is `dynamic` with `capQuotaBoundRanks: false` (a rank that spent its CPU quota may get more samples), run in every round right after `dynamic`; median (min–max, n rounds).",
+        "`dynamic-uncapped` is `dynamic` with `capQuotaBoundRanks: false` (a rank that spent its CPU quota may get more samples), run in every round beside `dynamic`, the two swapping places every other round; median (min–max, n rounds).",
         "| model | scenario | uncapped / dynamic | uncapped / ideal conc | dynamic / ideal conc |",
         "|---|---|---:|---:|---:|",
     );
