@@ -46,7 +46,7 @@ impl Balancer {
         let stragglers: Vec<usize> = (0..n)
             .filter(|&i| self.ranks[i].refits_since_decision > 0)
             .collect();
-        let (mut lower, mut upper) = self.bounds(cur, &stale);
+        let mut bounds = self.bounds(cur, &stale);
 
         let pm = policy_models(cfg.policy, &mut self.ranks, cfg.prior_weight, cfg.window);
         // Predictions use the policy's models, except where the policy has
@@ -119,9 +119,9 @@ impl Balancer {
         };
         self.measured.note = review.note.clone();
         for &r in &review.held_out {
-            (lower[r], upper[r]) = (0, 0);
+            bounds.hold_out(r);
         }
-        let quota_held = self.hold_quota_bound(cur, &lower, &mut upper);
+        let quota_held = self.hold_quota_bound(cur, &mut bounds);
         let eligible: Vec<usize> = if self.leaves_out() {
             (1..n)
                 .filter(|&r| pm.has_data[r] && !out.stale_ranks.contains(&r))
@@ -143,19 +143,18 @@ impl Balancer {
         };
         let choice = subset::choose(
             split_models,
-            cfg.global_batch_size,
-            &lower,
-            &upper,
+            &bounds,
             &eligible,
             &current_out,
             margin,
             exchange.as_ref(),
         )?;
-        let leave_out_note = choice.leave_out_note(split_models, &lower, margin, exchange.as_ref());
+        let leave_out_note =
+            choice.leave_out_note(split_models, &bounds.lower, margin, exchange.as_ref());
         let mut plan = choice.batches;
         let mut predicted = max_step(predict_models, &plan);
         out.predicted_step_seconds = predicted;
-        let held_note = quota_note(&quota_held, &plan, &upper, predict_models, predicted);
+        let held_note = quota_note(&quota_held, &plan, &bounds.upper, predict_models, predicted);
         if self.measured.note.is_empty() {
             self.measured.note = held_note;
         } else {
@@ -216,9 +215,9 @@ impl Balancer {
         let no_open = (0..n)
             .all(|r| !subset::on_open_trial(&self.ranks[r], &cfg) || out.stale_ranks.contains(&r));
         if let (Some(w), true) = (measured, quiet && no_new_out && no_open) {
-            let (mut lo, mut hi) = (lower.clone(), upper.clone());
+            let mut kept_out = bounds.clone();
             for &r in &current_out {
-                (lo[r], hi[r]) = (0, 0);
+                kept_out.hold_out(r);
             }
             let models = measured::Models {
                 split: split_models,
@@ -227,7 +226,7 @@ impl Balancer {
             };
             let (pred, m) = (current_pred, margin);
             if let Some(t) =
-                measured::trial_start(&self.ranks, &models, &lo, &hi, cur, &eligible, w, pred, m)
+                measured::trial_start(&self.ranks, &models, &kept_out, cur, &eligible, w, pred, m)
             {
                 let why = measured::trial_reason(&t, cur, w, pred, m);
                 out.reason = format!("{}: {why}", cfg.policy);
@@ -286,7 +285,9 @@ impl Balancer {
                     .max(cfg.min_damping);
                 if alpha < 1.0 {
                     let global = cfg.global_batch_size;
-                    if let Some(damped) = subset::damp(cur, &plan, alpha, global, &lower, &upper) {
+                    if let Some(damped) =
+                        subset::damp(cur, &plan, alpha, global, &bounds.lower, &bounds.upper)
+                    {
                         if damped == cur {
                             out.reason = format!(
                                 "{}: damped move ({:.0}% of the way, young measurements) rounds to the current plan",

@@ -32,6 +32,7 @@ use std::fmt::Write as _;
 use crate::config::MAX_READMIT_FACTOR;
 use crate::model::median;
 use crate::rank::{Presence, RankState};
+use crate::rules::Bounds;
 use crate::split::{max_step, optimal_split_bounded};
 use crate::subset::{secs, trial_samples_needed};
 use crate::{BalancerConfig, StepModel};
@@ -318,8 +319,7 @@ pub(crate) struct Models<'a> {
 pub(crate) fn trial_start(
     ranks: &[RankState],
     models: &Models<'_>,
-    lower: &[u32],
-    upper: &[u32],
+    bounds: &Bounds,
     current: &[u32],
     eligible: &[usize],
     measured: f64,
@@ -344,10 +344,7 @@ pub(crate) fn trial_start(
         .max_by(|&p, &q| per_sample(p).total_cmp(&per_sample(q)).then(p.cmp(&q)))
         .filter(|&r| r > 0 && eligible.contains(&r))
         .filter(|&r| ranks.get(r).is_some_and(|s| s.trial_wait == 0))?;
-    let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
-    if let (Some(l), Some(h)) = (lo.get_mut(rank), hi.get_mut(rank)) {
-        (*l, *h) = (0, 0);
-    }
+    let (lo, hi) = bounds.without(&[rank]);
     let split = optimal_split_bounded(models.split, models.global, &lo, &hi).ok()?;
     let predicted_seconds = max_step(models.predict, &split.batches);
     let quota_use = ranks

@@ -14,16 +14,18 @@ use crate::{Balancer, Decision, StepModel};
 pub(crate) const GROWTH_SLACK: u32 = 2;
 
 impl Balancer {
-    /// Per-rank bounds `(lower, upper)`; stale ranks are pinned to their
-    /// current batch (or capped at their last batch). Under the live
-    /// policies a training rank's batch at most doubles per decision (plus
-    /// [`GROWTH_SLACK`] samples): its live model is fitted at about one
-    /// batch, and far beyond it a line is a guess. In the bench one
-    /// decision took a 0.15-core rank from 3 samples to 49 ([62, 46, 17,
-    /// 3] → [38, 32, 9, 49]); how the model got there was not established.
-    /// Once it is measured at the larger batch the next decision goes on.
-    /// A rank re-admitted for measurement is not bound.
-    pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> (Vec<u32>, Vec<u32>) {
+    /// Per-rank [`Bounds`]; stale ranks are pinned to their current batch
+    /// (or capped at their last batch). Under the live policies a training
+    /// rank's batch at most doubles per decision (plus [`GROWTH_SLACK`]
+    /// samples): its live model is fitted at about one batch, and far
+    /// beyond it a line is a guess. In the bench one decision took a
+    /// 0.15-core rank from 3 samples to 49 ([62, 46, 17, 3] → [38, 32, 9,
+    /// 49]); how the model got there was not established. Once it is
+    /// measured at the larger batch the next decision goes on. A rank
+    /// re-admitted for measurement is not bound; nor is any rank when
+    /// others leave and the growth bound leaves their samples nowhere to go
+    /// (see [`Bounds::without`]).
+    pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> Bounds {
         let c = &self.config;
         let global = c.global_batch_size;
         let mut lower = Vec::with_capacity(self.ranks.len());
@@ -36,17 +38,6 @@ impl Balancer {
                 .min(global);
             lower.push(c.min_local_batch);
             upper.push(hi);
-        }
-        if let (Some(cur), true) = (current, self.config.policy.is_live()) {
-            let ranks = upper.iter_mut().zip(&lower).zip(cur).zip(&self.ranks);
-            for (((hi, &lo), &b), rank) in ranks {
-                // A re-admitted rank's small share is a probe: its
-                // measurement's verdict sets its batch at once.
-                if b > 0 && rank.trial_samples.is_none() {
-                    let grown = b.saturating_mul(2).saturating_add(GROWTH_SLACK);
-                    *hi = (*hi).min(grown.max(lo));
-                }
-            }
         }
         // Rank 0 writes checkpoints: it always trains.
         if let (Some(lo), Some(&hi)) = (lower.first_mut(), upper.first()) {
@@ -66,7 +57,24 @@ impl Balancer {
                 }
             }
         }
-        (lower, upper)
+        let hard = upper.clone();
+        if let (Some(cur), true) = (current, self.config.policy.is_live()) {
+            let ranks = upper.iter_mut().zip(&lower).zip(cur).zip(&self.ranks);
+            for (((hi, &lo), &b), rank) in ranks {
+                // A re-admitted rank's small share is a probe: its
+                // measurement's verdict sets its batch at once.
+                if b > 0 && rank.trial_samples.is_none() {
+                    let grown = b.saturating_mul(2).saturating_add(GROWTH_SLACK);
+                    *hi = (*hi).min(grown.max(lo));
+                }
+            }
+        }
+        Bounds {
+            lower,
+            upper,
+            hard,
+            global,
+        }
     }
 
     /// Under the live policies (unless `capQuotaBoundRanks` is off), caps
@@ -84,8 +92,7 @@ impl Balancer {
     pub(crate) fn hold_quota_bound(
         &self,
         current: Option<&[u32]>,
-        lower: &[u32],
-        upper: &mut [u32],
+        bounds: &mut Bounds,
     ) -> Vec<(usize, f64)> {
         let on = self.config.policy.is_live() && self.config.cap_quota_bound_ranks;
         let Some(cur) = current.filter(|_| on) else {
@@ -99,16 +106,16 @@ impl Balancer {
             .filter(|(_, (r, &b))| b > 0 && r.trial_samples.is_none())
             .filter_map(|(i, (r, _))| Some((i, r.quota_use.filter(|&u| u >= QUOTA_SATURATED)?)))
             .collect();
-        let mut capped = upper.to_vec();
+        let mut capped = bounds.upper.clone();
         for &(r, _) in &held {
-            capped[r] = capped[r].min(cur[r].max(lower[r]));
+            capped[r] = capped[r].min(cur[r].max(bounds.lower[r]));
         }
         if capped.iter().map(|&u| u64::from(u)).sum::<u64>()
             < u64::from(self.config.global_batch_size)
         {
             return Vec::new();
         }
-        upper.copy_from_slice(&capped);
+        bounds.upper = capped;
         held
     }
 
@@ -128,7 +135,7 @@ impl Balancer {
                 self.config.global_batch_size
             ));
         }
-        let (lower, upper) = self.bounds(None, &[]);
+        let Bounds { lower, upper, .. } = self.bounds(None, &[]);
         let policy = self.config.policy;
         (0..n).find_map(|r| match current[r] {
             0 if r > 0 && self.leaves_out() => None,
@@ -235,6 +242,69 @@ impl Balancer {
     }
 }
 
+/// Per-rank batch bounds for one decision.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Bounds {
+    /// The least batch each rank may get.
+    pub lower: Vec<u32>,
+    /// The most, with every soft bound: how far a batch may grow in one
+    /// decision, and the quota caps ([`Balancer::hold_quota_bound`]).
+    pub upper: Vec<u32>,
+    /// The most without the soft bounds: the rank's cap, `maxLocalBatch`,
+    /// the global batch, a stale rank's pinned batch, 0 when held out.
+    pub hard: Vec<u32>,
+    /// The global batch the ranks share.
+    pub global: u32,
+}
+
+impl Bounds {
+    /// Bounds without soft ones: `upper` is also the hard bound.
+    #[cfg(test)]
+    pub(crate) fn fixed(lower: &[u32], upper: &[u32], global: u32) -> Self {
+        Self {
+            lower: lower.to_vec(),
+            upper: upper.to_vec(),
+            hard: upper.to_vec(),
+            global,
+        }
+    }
+
+    /// Holds rank `r` out: batch 0 whatever the split.
+    pub(crate) fn hold_out(&mut self, r: usize) {
+        for v in [&mut self.lower, &mut self.upper, &mut self.hard] {
+            if let Some(b) = v.get_mut(r) {
+                *b = 0;
+            }
+        }
+    }
+
+    /// `(lower, upper)` with the ranks in `out` left out (batch 0). When
+    /// the others' upper bounds cannot then hold the global batch, the soft
+    /// bounds yield to the hard ones: the leaving ranks' samples must go
+    /// somewhere, and a rank with a small batch (under a growth bound of
+    /// twice its batch) could otherwise never take them. Without this, a
+    /// verdict holding out a rank that had most of the batch left no
+    /// feasible split at all, at every later decision.
+    pub(crate) fn without(&self, out: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        let (mut lo, mut hi, mut hard) =
+            (self.lower.clone(), self.upper.clone(), self.hard.clone());
+        for &r in out {
+            for v in [&mut lo, &mut hi, &mut hard] {
+                if let Some(b) = v.get_mut(r) {
+                    *b = 0;
+                }
+            }
+        }
+        let room: u64 = hi.iter().map(|&b| u64::from(b)).sum();
+        if room < u64::from(self.global) {
+            for (h, &top) in hi.iter_mut().zip(&hard) {
+                *h = (*h).max(top);
+            }
+        }
+        (lo, hi)
+    }
+}
+
 /// Appends `; note` unless `note` is empty.
 pub(crate) fn push_note(reason: &mut String, note: &str) {
     if !note.is_empty() {
@@ -271,6 +341,7 @@ pub(crate) fn quota_note(
 
 #[cfg(test)]
 mod tests {
+    use super::Bounds;
     use crate::{Balancer, BalancerConfig, Policy};
 
     fn balancer(policy: Policy) -> Balancer {
@@ -290,24 +361,46 @@ mod tests {
         let bal = balancer(Policy::Dynamic);
         let cur: &[u32] = &[96, 32];
         // Rank 1 may grow: rank 0 is held at 96.
-        let mut upper = vec![128, 128];
-        assert_eq!(
-            bal.hold_quota_bound(Some(cur), &[1, 0], &mut upper),
-            vec![(0, 0.97)]
-        );
-        assert_eq!(upper, vec![96, 128]);
+        let mut b = Bounds::fixed(&[1, 0], &[128, 128], 128);
+        assert_eq!(bal.hold_quota_bound(Some(cur), &mut b), vec![(0, 0.97)]);
+        assert_eq!(b.upper, vec![96, 128]);
+        assert_eq!(b.hard, vec![128, 128], "a soft bound");
         // Rank 1 is held out (a verdict): rank 0 must take all 128.
-        let mut upper = vec![128, 0];
-        assert!(bal
-            .hold_quota_bound(Some(cur), &[1, 0], &mut upper)
-            .is_empty());
-        assert_eq!(upper, vec![128, 0]);
+        let mut b = Bounds::fixed(&[1, 0], &[128, 128], 128);
+        b.hold_out(1);
+        assert!(bal.hold_quota_bound(Some(cur), &mut b).is_empty());
+        assert_eq!(b.upper, vec![128, 0]);
         // No current plan, or a policy that does not measure: no cap.
-        let mut upper = vec![128, 128];
-        assert!(bal.hold_quota_bound(None, &[1, 0], &mut upper).is_empty());
+        let mut b = Bounds::fixed(&[1, 0], &[128, 128], 128);
+        assert!(bal.hold_quota_bound(None, &mut b).is_empty());
         assert!(balancer(Policy::Proportional)
-            .hold_quota_bound(Some(cur), &[1, 0], &mut upper)
+            .hold_quota_bound(Some(cur), &mut b)
             .is_empty());
-        assert_eq!(upper, vec![128, 128]);
+        assert_eq!(b.upper, vec![128, 128]);
+    }
+
+    /// The numbers of a system-test run: rank 1, re-admitted with 12 of 16
+    /// samples, was held out again by its measured verdict while rank 0 had
+    /// 4; with rank 0 bound to 10 no split existed, and every later
+    /// decision failed ("global batch 16 exceeds the sum of per-rank caps
+    /// 10 over 2 ranks") until the run timed out on the worse plan.
+    #[test]
+    fn the_growth_bound_yields_when_leaving_ranks_leave_samples_nowhere() {
+        let mut bal = balancer(Policy::Dynamic);
+        bal.config.global_batch_size = 16;
+        // Rank 0 at 4 may grow to 10 in one decision; rank 1 at 12 to 16.
+        let b = bal.bounds(Some(&[4, 12]), &[]);
+        assert_eq!(b.upper, vec![10, 16]);
+        assert_eq!(b.hard, vec![16, 16]);
+        // Both in: the growth bound holds.
+        assert_eq!(b.without(&[]), (vec![1, 1], vec![10, 16]));
+        // Rank 1 out: rank 0 must take all 16, past its growth bound.
+        assert_eq!(b.without(&[1]), (vec![1, 0], vec![16, 0]));
+        // A stale rank stays pinned whatever leaves.
+        let b = bal.bounds(Some(&[4, 12]), &[0]);
+        assert_eq!(b.without(&[1]), (vec![4, 0], vec![4, 0]));
+        // Policies that do not measure live have no growth bound.
+        bal.config.policy = Policy::Proportional;
+        assert_eq!(bal.bounds(Some(&[4, 12]), &[]).upper, vec![16, 16]);
     }
 }

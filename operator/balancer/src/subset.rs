@@ -17,6 +17,7 @@ use crate::config::MAX_READMIT_FACTOR;
 use crate::decision::ranks_named;
 use crate::exchange;
 use crate::rank::RankState;
+use crate::rules::Bounds;
 use crate::split::{optimal_split_bounded, round_to_sum};
 use crate::{BalancerConfig, BalancerError, StepModel};
 
@@ -60,31 +61,25 @@ fn smallest_step(model: &StepModel, lower: u32) -> f64 {
 /// exchange along), and ranks are ordered by their compute floor plus what
 /// they add to the exchange.
 ///
-/// `lower`/`upper` are the bounds with every rank in. Errors only when the
-/// all-ranks split itself is infeasible; an infeasible subset is skipped.
-#[allow(clippy::too_many_arguments)]
+/// `bounds` are those with every rank in; each membership's come from
+/// [`Bounds::without`]. Errors only when the all-ranks split itself is
+/// infeasible; an infeasible subset is skipped.
 pub(crate) fn choose(
     models: &[StepModel],
-    global: u32,
-    lower: &[u32],
-    upper: &[u32],
+    bounds: &Bounds,
     eligible: &[usize],
     current_out: &[usize],
     margin_percent: u32,
     exchange: Option<&exchange::Model>,
 ) -> Result<Choice, BalancerError> {
     let ex = |batches: &[u32]| exchange.map_or(0.0, |m| m.seconds(batches));
-    let zeroed = |set: &[usize]| {
-        let (mut lo, mut hi) = (lower.to_vec(), upper.to_vec());
-        for &r in set {
-            lo[r] = 0;
-            hi[r] = 0;
-        }
-        (lo, hi)
-    };
+    let global = bounds.global;
+    let lower = &bounds.lower;
+    let zeroed = |set: &[usize]| bounds.without(set);
     // Ranks pinned at their batch (stale) may leave no room to bring the
     // left-out ranks back: then they stay out.
-    let (all, no_room) = match optimal_split_bounded(models, global, lower, upper) {
+    let (lo, hi) = zeroed(&[]);
+    let (all, no_room) = match optimal_split_bounded(models, global, &lo, &hi) {
         Ok(s) => (s, Vec::new()),
         Err(e) if !current_out.is_empty() => {
             let (lo, hi) = zeroed(current_out);

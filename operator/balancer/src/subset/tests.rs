@@ -17,7 +17,15 @@ fn slow_fixed() -> Vec<StepModel> {
 #[test]
 fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
     let models = slow_fixed();
-    let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2, 3], &[], 10, None).expect("choose");
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 4], &[120; 4], 120),
+        &[1, 2, 3],
+        &[],
+        10,
+        None,
+    )
+    .expect("choose");
     assert_eq!(c.left_out, vec![3]);
     assert_eq!(c.batches, vec![40, 40, 40, 0]);
     assert!((c.step_seconds - 0.05).abs() < 1e-12, "{c:?}");
@@ -34,7 +42,15 @@ fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
 #[test]
 fn ineligible_ranks_stay_in() {
     let models = slow_fixed();
-    let c = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2], &[], 10, None).expect("choose");
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 4], &[120; 4], 120),
+        &[1, 2],
+        &[],
+        10,
+        None,
+    )
+    .expect("choose");
     assert!(c.left_out.is_empty());
     assert_eq!(c.batches[3], 1);
     // Rank 0 is never left out, even when slowest and listed.
@@ -42,9 +58,7 @@ fn ineligible_ranks_stay_in() {
     models.swap(0, 3);
     let c = choose(
         &models,
-        120,
-        &[1; 4],
-        &[120; 4],
+        &Bounds::fixed(&[1; 4], &[120; 4], 120),
         &[0, 1, 2, 3],
         &[],
         10,
@@ -59,12 +73,36 @@ fn ineligible_ranks_stay_in() {
 fn the_margin_guards_new_leave_outs_but_not_staying_out() {
     // Rank 1 at batch 1 takes 0.205 s; rank 0 alone 0.2 s: about 2.4% faster.
     let models = [m(0.0, 0.01), m(0.195, 0.01)];
-    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 10, None).expect("choose");
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 2], &[20; 2], 20),
+        &[1],
+        &[],
+        10,
+        None,
+    )
+    .expect("choose");
     assert!(c.left_out.is_empty(), "2.4% < 10% margin: {c:?}");
-    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[], 0, None).expect("choose");
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 2], &[20; 2], 20),
+        &[1],
+        &[],
+        0,
+        None,
+    )
+    .expect("choose");
     assert_eq!(c.left_out, vec![1]);
     // Already out: it stays out as long as leaving it out is faster.
-    let c = choose(&models, 20, &[1; 2], &[20; 2], &[1], &[1], 10, None).expect("choose");
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 2], &[20; 2], 20),
+        &[1],
+        &[1],
+        10,
+        None,
+    )
+    .expect("choose");
     assert_eq!(c.left_out, vec![1]);
     assert_eq!(c.batches, vec![20, 0]);
 }
@@ -75,9 +113,7 @@ fn an_infeasible_subset_is_skipped() {
     let models = slow_fixed();
     let c = choose(
         &models,
-        100,
-        &[1; 4],
-        &[30, 30, 30, 100],
+        &Bounds::fixed(&[1; 4], &[30, 30, 30, 100], 100),
         &[3],
         &[],
         10,
@@ -138,9 +174,7 @@ fn links(bandwidths: &[f64]) -> Vec<Option<exchange::Link>> {
 fn four_equal(models: &[StepModel], ex: &exchange::Model) -> Choice {
     choose(
         models,
-        120,
-        &[1; 4],
-        &[120; 4],
+        &Bounds::fixed(&[1; 4], &[120; 4], 120),
         &[1, 2, 3],
         &[],
         10,
@@ -156,7 +190,15 @@ fn a_fast_rank_on_a_slow_link_is_left_out_when_the_exchange_says_so() {
     let models = vec![m(0.01, 0.001); 4];
     // 10 MB of gradient: 15 ms over 1 GB/s among 4, 1.5 s over 10 MB/s.
     let ex = exchange::model(Some(1e7), links(&[1e9, 1e9, 1e7, 1e9])).unwrap();
-    let without = choose(&models, 120, &[1; 4], &[120; 4], &[1, 2, 3], &[], 10, None).unwrap();
+    let without = choose(
+        &models,
+        &Bounds::fixed(&[1; 4], &[120; 4], 120),
+        &[1, 2, 3],
+        &[],
+        10,
+        None,
+    )
+    .unwrap();
     assert!(without.left_out.is_empty(), "compute alone: {without:?}");
     let c = four_equal(&models, &ex);
     assert_eq!(c.left_out, vec![2]);
@@ -191,11 +233,27 @@ fn equal_fast_links_keep_every_rank() {
 #[test]
 fn the_exchange_tips_a_two_rank_job_to_one_rank() {
     let models = vec![m(0.0, 0.001), m(0.0, 0.002)];
-    let compute_only = choose(&models, 60, &[1; 2], &[60; 2], &[1], &[], 10, None).unwrap();
+    let compute_only = choose(
+        &models,
+        &Bounds::fixed(&[1; 2], &[60; 2], 60),
+        &[1],
+        &[],
+        10,
+        None,
+    )
+    .unwrap();
     assert!(compute_only.left_out.is_empty(), "{compute_only:?}");
     // Split 40/20: 0.04 s; alone 0.06 s. An exchange of 0.03 s tips it.
     let ex = exchange::model(Some(3e7), links(&[1e9, 1e9])).unwrap();
-    let c = choose(&models, 60, &[1; 2], &[60; 2], &[1], &[], 10, Some(&ex)).unwrap();
+    let c = choose(
+        &models,
+        &Bounds::fixed(&[1; 2], &[60; 2], 60),
+        &[1],
+        &[],
+        10,
+        Some(&ex),
+    )
+    .unwrap();
     assert_eq!(c.left_out, vec![1], "{c:?}");
     assert_eq!(c.batches, vec![60, 0]);
 }
