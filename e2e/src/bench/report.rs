@@ -54,6 +54,13 @@ pub fn run_line(x: &RunResult) -> String {
             .unwrap_or_else(|| "-".into()),
         x.wall_seconds
     );
+    if x.summary.samples_per_second_longest_rank > 0.0 {
+        let _ = write!(
+            line,
+            "; {:.0} samples/s by the longest rank's step time (the measure before the union of step intervals)",
+            x.summary.samples_per_second_longest_rank
+        );
+    }
     if let Some(rc) = &x.recovery {
         let secs =
             |v: Option<f64>, none: &str| v.map(|s| format!("{s:.1} s")).unwrap_or(none.into());

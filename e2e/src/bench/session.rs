@@ -208,6 +208,7 @@ async fn cluster_run(
         ideal = phase_mix(&cs, (t1, t2), ideal, ti);
         conc = phase_mix(&cs, (t1, t2), conc, ideals.conc_throttled.unwrap_or(0.0));
         summary.samples_per_second = analysis::rate_over(&cs);
+        summary.samples_per_second_longest_rank = analysis::rate_over_longest_rank(&cs);
         recovery = Some(analysis::recovery(&cs, t1, t2, ti));
         window = Some((t1 - cs[0].start, t2 - cs[0].start));
     }
@@ -561,6 +562,7 @@ mod tests {
             start: i as f64,
             end: i as f64 + 1.0,
             seconds: 1.0,
+            longest_rank_seconds: 1.0,
             global_batch: 1,
             generation: 0,
             batches: vec![1],

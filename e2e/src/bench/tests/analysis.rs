@@ -102,6 +102,7 @@ fn runs_side_by_side_are_measured_while_all_of_them_step() {
         start,
         end: start + secs,
         seconds: secs,
+        longest_rank_seconds: secs,
         global_batch: 64,
         generation: 0,
         batches: vec![64],
@@ -182,4 +183,55 @@ fn quantiles_and_cv() {
     assert_eq!(quantile(&xs, 0.99), Some(99.0));
     assert_eq!(quantile(&[], 0.5), None);
     assert_eq!(cv(&[1.0, 1.0]), 0.0);
+}
+
+/// Two ranks in lockstep, 1 s a step, except that rank 1 records step 3
+/// 0.3 s late (descheduled, say) and so starts step 4 late, and rank 0 waits
+/// for it inside step 4; after step 6 both pause 2 s (evaluation). The
+/// union of the step intervals is the wall time less the pause; the
+/// longest rank's step time (the measure before) counts the 0.3 s twice:
+/// in rank 1's step 3 and in rank 0's step 4.
+#[test]
+fn the_step_time_is_the_wall_time_some_rank_trains() {
+    let (mut r0, mut r1) = (Vec::new(), Vec::new());
+    let mut end = 100.0;
+    for step in 1..=10u64 {
+        end += if step == 7 { 3.0 } else { 1.0 };
+        match step {
+            3 => {
+                r0.push(rec(0, step, 0, 32, 0.5, 1.0, end));
+                r1.push(rec(1, step, 0, 32, 0.9, 1.3, end + 0.3));
+                end += 0.3;
+            }
+            4 => {
+                r0.push(rec(0, step, 0, 32, 0.5, 1.3, end));
+                r1.push(rec(1, step, 0, 32, 0.9, 1.0, end));
+            }
+            _ => {
+                r0.push(rec(0, step, 0, 32, 0.5, 1.0, end));
+                r1.push(rec(1, step, 0, 32, 0.9, 1.0, end));
+            }
+        }
+    }
+    // A rank alone (the ideals): its own step times, pauses left out.
+    for (c, r) in cluster_steps(std::slice::from_ref(&r0)).iter().zip(&r0) {
+        assert!((c.seconds - r.step_seconds).abs() < 1e-9, "{c:?}");
+    }
+    let cs = cluster_steps(&[r0, r1]);
+    let wall = cs[9].end - cs[0].start;
+    assert!((wall - 12.3).abs() < 1e-9, "{wall}");
+    let trained: f64 = cs.iter().map(|s| s.seconds).sum();
+    assert!((trained - 10.3).abs() < 1e-9, "{trained}: {cs:?}");
+    let seconds: Vec<f64> = cs
+        .iter()
+        .map(|s| (s.seconds * 10.0).round() / 10.0)
+        .collect();
+    assert_eq!(seconds, [1.0, 1.0, 1.3, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    let longest: f64 = cs.iter().map(|s| s.longest_rank_seconds).sum();
+    assert!((longest - 10.6).abs() < 1e-9, "{longest}");
+    assert!((rate_over(&cs) - 640.0 / 10.3).abs() < 1e-9);
+    assert!((rate_over_longest_rank(&cs) - 640.0 / 10.6).abs() < 1e-9);
+    // The summary's steady state (steps 6–10) has no late rank.
+    let s = summarise(&cs, &[]);
+    assert_eq!(s.samples_per_second, s.samples_per_second_longest_rank);
 }
