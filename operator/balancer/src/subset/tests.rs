@@ -17,15 +17,7 @@ fn slow_fixed() -> Vec<StepModel> {
 #[test]
 fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
     let models = slow_fixed();
-    let c = choose(
-        &models,
-        &Bounds::fixed(&[1; 4], &[120; 4], 120),
-        &[1, 2, 3],
-        &[],
-        10,
-        None,
-    )
-    .expect("choose");
+    let c = four(&models, &[1, 2, 3], None);
     assert_eq!(c.left_out, vec![3]);
     assert_eq!(c.batches, vec![40, 40, 40, 0]);
     assert!((c.step_seconds - 0.05).abs() < 1e-12, "{c:?}");
@@ -42,29 +34,13 @@ fn a_rank_slower_at_batch_one_than_the_others_step_is_left_out() {
 #[test]
 fn ineligible_ranks_stay_in() {
     let models = slow_fixed();
-    let c = choose(
-        &models,
-        &Bounds::fixed(&[1; 4], &[120; 4], 120),
-        &[1, 2],
-        &[],
-        10,
-        None,
-    )
-    .expect("choose");
+    let c = four(&models, &[1, 2], None);
     assert!(c.left_out.is_empty());
     assert_eq!(c.batches[3], 1);
     // Rank 0 is never left out, even when slowest and listed.
     let mut models = slow_fixed();
     models.swap(0, 3);
-    let c = choose(
-        &models,
-        &Bounds::fixed(&[1; 4], &[120; 4], 120),
-        &[0, 1, 2, 3],
-        &[],
-        10,
-        None,
-    )
-    .expect("x");
+    let c = four(&models, &[0, 1, 2, 3], None);
     assert!(c.left_out.is_empty(), "{c:?}");
     assert!(c.batches[0] >= 1);
 }
@@ -169,18 +145,24 @@ fn links(bandwidths: &[f64]) -> Vec<Option<exchange::Link>> {
         .collect()
 }
 
-/// `choose` over four ranks sharing 120 samples, any of 1–3 eligible to
-/// leave, with the exchange model `ex`.
-fn four_equal(models: &[StepModel], ex: &exchange::Model) -> Choice {
+/// `choose` over four ranks sharing 120 samples, ranks 1–3 eligible to
+/// leave, with the exchange model `ex` if any.
+fn four_equal(models: &[StepModel], ex: Option<&exchange::Model>) -> Choice {
+    four(models, &[1, 2, 3], ex)
+}
+
+/// `choose` over four ranks sharing 120 samples (bounds 1 and 120), the
+/// `eligible` ranks allowed to leave, margin 10%.
+fn four(models: &[StepModel], eligible: &[usize], ex: Option<&exchange::Model>) -> Choice {
     choose(
         models,
         &Bounds::fixed(&[1; 4], &[120; 4], 120),
-        &[1, 2, 3],
+        eligible,
         &[],
         10,
-        Some(ex),
+        ex,
     )
-    .unwrap()
+    .expect("choose")
 }
 
 /// Four equally fast devices; rank 2 sits behind a link 100× slower. Its
@@ -190,17 +172,9 @@ fn a_fast_rank_on_a_slow_link_is_left_out_when_the_exchange_says_so() {
     let models = vec![m(0.01, 0.001); 4];
     // 10 MB of gradient: 15 ms over 1 GB/s among 4, 1.5 s over 10 MB/s.
     let ex = exchange::model(Some(1e7), links(&[1e9, 1e9, 1e7, 1e9])).unwrap();
-    let without = choose(
-        &models,
-        &Bounds::fixed(&[1; 4], &[120; 4], 120),
-        &[1, 2, 3],
-        &[],
-        10,
-        None,
-    )
-    .unwrap();
+    let without = four(&models, &[1, 2, 3], None);
     assert!(without.left_out.is_empty(), "compute alone: {without:?}");
-    let c = four_equal(&models, &ex);
+    let c = four_equal(&models, Some(&ex));
     assert_eq!(c.left_out, vec![2]);
     assert_eq!(c.batches, vec![40, 40, 0, 40]);
     // 3 ranks of 40: 0.05 s compute + 4/3 × 1e7 / 1e9 + latency.
@@ -220,7 +194,7 @@ fn a_fast_rank_on_a_slow_link_is_left_out_when_the_exchange_says_so() {
 fn equal_fast_links_keep_every_rank() {
     let models = vec![m(0.01, 0.001); 4];
     let ex = exchange::model(Some(1e5), links(&[1e9; 4])).unwrap();
-    let c = four_equal(&models, &ex);
+    let c = four_equal(&models, Some(&ex));
     assert!(c.left_out.is_empty(), "{c:?}");
     assert!(
         (c.step_seconds - (0.04 + 1.5e-4 + 1e-4)).abs() < 1e-9,
