@@ -11,7 +11,9 @@ pub mod types {
     pub const PROFILED: &str = "Profiled";
     /// Every rank pod is running.
     pub const RUNNING: &str = "Running";
-    /// The latest balancing decision wrote a new plan.
+    /// True: the latest plan the balancer wrote (reason `Rebalanced`).
+    /// False: its last decision failed (`BalancerError`), or it decides
+    /// again after a failure and keeps the plan (`PlanKept`).
     pub const REBALANCED: &str = "Rebalanced";
     /// Every rank exited 0.
     pub const SUCCEEDED: &str = "Succeeded";
@@ -38,7 +40,13 @@ pub mod reasons {
     pub const PROFILES_REPORTED: &str = "ProfilesReported";
     pub const AWAITING_PROFILES: &str = "AwaitingProfiles";
     pub const REBALANCED: &str = "Rebalanced";
+    /// `Rebalanced` False: the balancer decides again after an error and
+    /// keeps the plan.
     pub const PLAN_KEPT: &str = "PlanKept";
+    /// `Rebalanced` False and a Warning Event: the balancer could not
+    /// decide (for instance the ranks' memory caps cannot hold the global
+    /// batch); the plan in force stays.
+    pub const BALANCER_ERROR: &str = "BalancerError";
     /// Event: a new plan gives ranks a local batch of 0 (left out).
     pub const RANKS_LEFT_OUT: &str = "RanksLeftOut";
     /// Event: a new plan brings left-out ranks back.

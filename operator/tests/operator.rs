@@ -501,14 +501,20 @@ async fn active_deadline_fails_the_job() {
 /// `heterotrain_operator_job_phase_transitions_total` for `ns` and `phase`
 /// (0 without a series).
 fn entered(op: &Operator, ns: &str, phase: &str) -> f64 {
-    let series = format!(
-        "heterotrain_operator_job_phase_transitions_total{{namespace=\"{ns}\",phase=\"{phase}\"}} "
-    );
+    value(
+        op,
+        &format!("heterotrain_operator_job_phase_transitions_total{{namespace=\"{ns}\",phase=\"{phase}\"}}"),
+    )
+}
+
+/// The operator's value of `series` (name and labels; 0 without it).
+fn value(op: &Operator, series: &str) -> f64 {
+    let prefix = format!("{series} ");
     op.ctx
         .metrics
         .encode()
         .lines()
-        .find_map(|l| l.strip_prefix(&series))
+        .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }
@@ -762,6 +768,62 @@ async fn profiles_give_the_first_plan_and_seed_the_next_job() {
         "{p:?}"
     );
     assert!(p.reason.contains("cached profiles"));
+    op.stop().await;
+}
+
+/// `heterotrain_operator_reconcile_errors_total` for `reason` (0 without
+/// a series).
+fn errors(op: &Operator, reason: &str) -> f64 {
+    value(
+        op,
+        &format!("heterotrain_operator_reconcile_errors_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+#[tokio::test]
+async fn a_balancer_that_cannot_decide_is_a_condition_and_one_warning() {
+    let env = env("nodecide").await;
+    let op = Operator::start(&env, test_config(&env, "op-a"));
+    let ranks = start_fake_ranks(&env, &[0.01, 0.03], 16).await;
+    // Each rank's memory holds 10 samples: 20 in all, for a global batch
+    // of 32.
+    for f in &ranks {
+        let mut f = f.lock().expect("rank");
+        f.max_batch = 10;
+        f.profile = Some(vec![(2, 0.022), (4, 0.042), (8, 0.082)]);
+    }
+    let yaml = format!("apiVersion: heterotrain.dev/v1alpha1\nkind: HeteroTrainingJob\nmetadata: {{name: capped}}\nspec:{PROFILED_JOB}");
+    create_job(&env, &job_from_yaml(&env.ns, &yaml)).await;
+    run_gang(&env, "capped", 2, 0).await;
+    let c = eventually(Duration::from_secs(20), "Rebalanced False", || async {
+        condition(&env, "capped", "Rebalanced")
+            .await
+            .filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(c.1, "BalancerError", "{c:?}");
+    assert!(
+        c.2.contains("exceeds the sum of per-rank caps 20") && c.2.contains("generation 0"),
+        "{c:?}"
+    );
+    // Decisions keep failing; the Warning is not repeated.
+    eventually(
+        Duration::from_secs(30),
+        "three failed decisions",
+        || async { (errors(&op, "balancer") >= 3.0).then_some(()) },
+    )
+    .await;
+    let warnings: Vec<_> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("BalancerError"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    // The recorder folds a repeated Event into a series.
+    assert!(warnings[0].series.is_none(), "{warnings:?}");
+    let p = plan(&env, "capped").await.expect("plan");
+    assert_eq!((p.generation, p.batch_sizes), (0, vec![16, 16]));
     op.stop().await;
 }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use heterotrain_crds::bottleneck::{self, PhaseTimes};
 use heterotrain_crds::{BalanceStatus, RankBottleneck, RebalanceStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
@@ -167,7 +167,22 @@ pub(super) async fn step(
         Ok(r) => r,
         Err(e) => {
             warn!(error = %e, "balancer could not decide");
+            let failing = failing_in(v);
+            let error = e.to_string();
             deps.metrics.error(Error::from(e).metric_label());
+            if let Some(c) = rebalanced(failing, current.generation, Outcome::Failed(&error)) {
+                // One Warning when the trouble starts; the condition says
+                // it until a decision succeeds.
+                if !failing {
+                    let news = EventSpec {
+                        warning: true,
+                        reason: reasons::BALANCER_ERROR.into(),
+                        note: c.message.clone(),
+                    };
+                    events::publish(deps.recorder, v.job, &news).await;
+                }
+                x.conditions.push(c);
+            }
             return x;
         }
     };
@@ -177,6 +192,9 @@ pub(super) async fn step(
             measured_step_seconds = round.measured_step_seconds,
             "keeping the plan"
         );
+        let kept = Outcome::Kept(&round.reason);
+        x.conditions
+            .extend(rebalanced(failing_in(v), current.generation, kept));
         return x;
     };
     let gain = new.gain_percent;
@@ -241,6 +259,52 @@ pub(super) async fn step(
     x
 }
 
+/// How a due decision ended, short of writing a plan.
+enum Outcome<'a> {
+    /// The balancer returned this error.
+    Failed(&'a str),
+    /// It kept the plan, for this reason.
+    Kept(&'a str),
+}
+
+/// The `Rebalanced` condition an outcome sets for a plan at `generation`,
+/// given whether the last decision failed (`failing`): a failure is False
+/// `BalancerError` with the error; a kept plan after a failure is False
+/// `PlanKept`; a kept plan otherwise leaves the condition as it is (a
+/// written plan sets True elsewhere).
+fn rebalanced(failing: bool, generation: u64, outcome: Outcome<'_>) -> Option<Desired> {
+    match outcome {
+        Outcome::Failed(error) => Some(Desired::no(
+            types::REBALANCED,
+            reasons::BALANCER_ERROR,
+            format!("the balancer could not decide: {error}; plan generation {generation} stays in force"),
+        )),
+        Outcome::Kept(reason) => failing.then(|| {
+            Desired::no(
+                types::REBALANCED,
+                reasons::PLAN_KEPT,
+                format!("the balancer decides again; plan generation {generation} kept: {reason}"),
+            )
+        }),
+    }
+}
+
+/// Whether `v`'s status says the balancer's last decision failed.
+fn failing_in(v: &ValidatedJob<'_>) -> bool {
+    v.job
+        .status
+        .as_ref()
+        .is_some_and(|s| failing(&s.conditions))
+}
+
+/// Whether `conditions` hold `Rebalanced` False for `BalancerError`.
+fn failing(conditions: &[Condition]) -> bool {
+    conditions
+        .iter()
+        .find(|c| c.type_ == types::REBALANCED)
+        .is_some_and(|c| c.status == "False" && c.reason == reasons::BALANCER_ERROR)
+}
+
 /// What bounds each training rank's step, from its per-step phase times
 /// over the last interval (`heterotrain_crds::bottleneck`), with the job's
 /// straggler threshold.
@@ -263,4 +327,50 @@ fn rank_bottlenecks(v: &ValidatedJob<'_>, phases: &[Option<PhaseTimes>]) -> Vec<
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: types::REBALANCED.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::now()),
+        }
+    }
+
+    #[test]
+    fn a_failed_decision_says_so_until_one_succeeds() {
+        let c = rebalanced(false, 3, Outcome::Failed("global batch 32 exceeds caps"))
+            .expect("a condition");
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (false, reasons::BALANCER_ERROR)
+        );
+        assert!(
+            c.message.contains("global batch 32 exceeds caps")
+                && c.message.contains("generation 3"),
+            "{}",
+            c.message
+        );
+        // Kept after a failure: the error is cleared.
+        let c = rebalanced(true, 3, Outcome::Kept("already optimal")).expect("a condition");
+        assert_eq!((c.status, c.reason.as_str()), (false, reasons::PLAN_KEPT));
+        assert!(c.message.contains("already optimal"), "{}", c.message);
+        // Kept with no failure before: the condition stays as it was.
+        assert!(rebalanced(false, 3, Outcome::Kept("already optimal")).is_none());
+    }
+
+    #[test]
+    fn failing_reads_the_rebalanced_condition() {
+        assert!(failing(&[condition("False", reasons::BALANCER_ERROR)]));
+        assert!(!failing(&[condition("False", reasons::PLAN_KEPT)]));
+        assert!(!failing(&[condition("True", reasons::REBALANCED)]));
+        assert!(!failing(&[]));
+    }
 }

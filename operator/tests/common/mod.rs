@@ -524,6 +524,8 @@ pub struct FakeRank {
     pub plan_generation: u64,
     /// Profile points to export, if any.
     pub profile: Option<Vec<(u32, f64)>>,
+    /// The profile's largest batch that fits (the memory cap).
+    pub max_batch: u32,
     steps: u64,
     compute: f64,
     samples: u64,
@@ -536,6 +538,7 @@ impl FakeRank {
             batch,
             plan_generation: 0,
             profile: None,
+            max_batch: 4096,
             steps: 0,
             compute: 0.0,
             samples: 0,
@@ -580,8 +583,9 @@ impl FakeRank {
                 ));
             }
             t.push_str(&format!(
-                "# TYPE {0} gauge\n{0} 4096\n",
-                m::PROFILE_MAX_BATCH_SIZE
+                "# TYPE {0} gauge\n{0} {1}\n",
+                m::PROFILE_MAX_BATCH_SIZE,
+                self.max_batch
             ));
         }
         t.push_str("# EOF\n");
