@@ -169,7 +169,7 @@ Segment cut(const Segment& sg, int64_t k, int64_t n) {
 // messages for the same bytes).
 constexpr int64_t kPiece = int64_t{1} << 20;
 
-// Element-wise work on a hook's thread runs in slices too small for
+// Element-wise work on the hooks' worker runs in slices too small for
 // ATen's intra-op parallelism (GRAIN_SIZE, 32768 elements): such a thread
 // would otherwise start its own OpenMP team beside the rank's compute
 // threads (the last bucket, launched once backward's compute is done, is
