@@ -22,7 +22,9 @@ compute and exposed communication, and its CPU time per step (cpuacct)
 and throttled quota periods over the whole run. SOLO=1 runs every rank
 alone (world size 1) at its batch, all at the same time: the concurrent
 ideal's terms. Environment: TRAINER (default: the cache's release build),
-DATA, MODEL (simple_cnn), LR (0.02), B, PERIOD_US (100000), SCRAPE (seconds:
+DATA, MODEL (simple_cnn), LR (0.02), B, PERIOD_US (100000), BURST (quota a
+rank may save up from idle periods, as a multiple of its quota per period:
+cgroup v1 cpu.cfs_burst_us; 0, the default, as Kubernetes sets), SCRAPE (seconds:
 each rank serves /metrics and is scraped that often with curl, as the
 operator and Prometheus do in a cluster; unset: no metrics endpoint).
 
@@ -94,6 +96,12 @@ for i in "${!RANKS[@]}"; do
   echo "$PERIOD_US" >"$cpu/cpu.cfs_period_us"
   quota=$("$PY" -c "print(int($q * $PERIOD_US))")
   echo "$quota" >"$cpu/cpu.cfs_quota_us"
+  burst=$("$PY" -c "print(int(${BURST:-0} * $quota))")
+  if [[ -f $cpu/cpu.cfs_burst_us ]]; then
+    echo "$burst" >"$cpu/cpu.cfs_burst_us"
+  elif [[ $burst != 0 ]]; then
+    echo "error: BURST needs cpu.cfs_burst_us (Linux 5.14+)" >&2; exit 2
+  fi
   echo 0 >"$acct/cpuacct.usage"
   cp "$cpu/cpu.stat" "$OUT/cpu.stat.start.$i"
   if [[ ${SOLO:-0} == 1 ]]; then
