@@ -421,7 +421,23 @@ impl DatasetName {
     pub fn is_text(&self) -> bool {
         matches!(self, DatasetName::SyntheticText | DatasetName::Tokens)
     }
+
+    /// Bytes a generated dataset of `samples` holds in memory: 3×32×32
+    /// float pixels and a label per image, `context` + 1 int64 tokens per
+    /// sequence. `None` for datasets read from files, or past `u64`.
+    pub fn synthetic_bytes(&self, samples: u64, context: u64) -> Option<u64> {
+        let per_sample = match self {
+            DatasetName::SyntheticImage => 3 * 32 * 32 * 4 + 8,
+            DatasetName::SyntheticText => context.checked_add(1)?.checked_mul(8)?,
+            _ => return None,
+        };
+        samples.checked_mul(per_sample)
+    }
 }
+
+/// The most memory a generated dataset may take (8 GiB): more is a typo,
+/// and would end in an out-of-memory kill rather than an error.
+pub const MAX_SYNTHETIC_BYTES: u64 = 8 << 30;
 
 /// Optimisation settings. Fractional values (learning rate, momentum, weight
 /// decay) are written as decimal strings, e.g. `learningRate: "0.05"` or

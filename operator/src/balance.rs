@@ -107,6 +107,8 @@ pub struct JobBalancer {
     /// Start-up communication figures, by rank (for the profile plan's
     /// balancer too).
     links: Vec<Option<RankLink>>,
+    /// Ranks already warned about for exporting too many profile points.
+    profile_warned: Vec<bool>,
 }
 
 /// A rank's plan generation, steps and compute + communication seconds.
@@ -128,11 +130,25 @@ impl JobBalancer {
             expected_generation: None,
             profile_plan_done: false,
             links: vec![None; world],
+            profile_warned: vec![false; world],
         })
     }
 
     /// Feed one rank's scrape. Returns whether a new step sample was taken.
     pub fn observe(&mut self, rank: usize, m: &RankMetrics) -> bool {
+        if let (Some(n), Some(warned)) =
+            (m.profile_points_dropped, self.profile_warned.get_mut(rank))
+        {
+            if !*warned {
+                *warned = true;
+                tracing::warn!(
+                    rank,
+                    points = n,
+                    "rank exports {n} profile points, more than the {} the operator reads: its profile is ignored (the spec allows 16 probeBatchSizes)",
+                    crate::scrape::MAX_PROFILE_POINTS
+                );
+            }
+        }
         if let Some(p) = &m.profile {
             if self.profiles.get(rank).is_some_and(Option::is_none)
                 && self

@@ -111,7 +111,7 @@ fn run_profile(cfg: &heterotrain_trainer::cli::TrainerArgs) -> heterotrain_train
     let device = train::pick_device(&cfg.dist)?;
     let gpu = train::open_gpu(device);
     let data = data::load(&cfg.data, data::Needs::of(cfg))?;
-    let p = profile::measure(cfg, device, &data, gpu.as_ref())?;
+    let p = profile::measure(cfg, device, &data, gpu.as_ref(), None)?;
     let text = serde_json::to_string_pretty(&p)
         .map_err(|e| TrainerError::Config(format!("cannot encode the profile: {e}")))?;
     println!("{text}");

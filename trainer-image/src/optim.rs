@@ -12,6 +12,13 @@ use crate::error::Result;
 use crate::shard::{FlatParams, Layout};
 
 /// Learning rate at (1-based) step `step` of `total`.
+/// `n` as a `powi` exponent: beyond `i32::MAX` the powers of the factors
+/// used here (momentum-like, in (0, 1]) no longer change, so it saturates
+/// there instead of wrapping (a step count from a checkpoint manifest).
+fn exponent(n: u64) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
 pub fn lr_at(cfg: &OptimArgs, step: u64, total: u64) -> f64 {
     let base = cfg.lr;
     if cfg.warmup_steps > 0 && step <= cfg.warmup_steps {
@@ -20,7 +27,7 @@ pub fn lr_at(cfg: &OptimArgs, step: u64, total: u64) -> f64 {
     let after = step.saturating_sub(cfg.warmup_steps);
     match cfg.schedule {
         Schedule::Constant => base,
-        Schedule::Step => base * cfg.gamma.powi((after / cfg.step_size.max(1)) as i32),
+        Schedule::Step => base * cfg.gamma.powi(exponent(after / cfg.step_size.max(1))),
         Schedule::Cosine => {
             let span = total.saturating_sub(cfg.warmup_steps).max(1) as f64;
             let frac = (after as f64 / span).min(1.0);
@@ -123,7 +130,7 @@ impl Optimizer {
     /// decay, momentum, −lr. AdamW: 1 − lr·wd, β1, 1 − β1, β2, 1 − β2,
     /// 1 − β2ᵗ, ε, −lr / (1 − β1ᵗ).
     pub fn coefficients(&self, lr: f64) -> Vec<f64> {
-        let t = self.steps.saturating_add(1) as i32;
+        let t = exponent(self.steps.saturating_add(1));
         match self.kind {
             OptimizerKind::Adamw => {
                 let bc1 = 1.0 - self.beta1.powi(t);
@@ -260,6 +267,34 @@ mod tests {
         match crate::cli::Cli::parse_from(v).command {
             crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
         }
+    }
+
+    #[test]
+    fn step_counts_past_i32_give_the_limit_not_a_wrapped_exponent() {
+        assert_eq!(exponent(7), 7);
+        assert_eq!(exponent(1 << 32), i32::MAX);
+        let c = cfg(&["--optimizer", "adamw", "--lr", "0.1"]);
+        let p = Tensor::from_slice(&[1.0f32]);
+        let flat = FlatParams::new(&[p]).unwrap();
+        let mut o = Optimizer::new(&c.optim, &flat, (0, 1));
+        for steps in [1u64 << 31, 1 << 32, u64::MAX] {
+            o.steps = steps;
+            let k = o.coefficients(0.1);
+            assert!(k.iter().all(|x| x.is_finite()), "{steps}: {k:?}");
+            // Bias corrections are 1 by then: the last scalar is −lr.
+            assert!((k[k.len() - 1] + 0.1).abs() < 1e-12, "{steps}: {k:?}");
+        }
+        let s = cfg(&[
+            "--lr",
+            "1.0",
+            "--schedule",
+            "step",
+            "--step-size",
+            "1",
+            "--gamma",
+            "0.5",
+        ]);
+        assert_eq!(lr_at(&s.optim, 1 << 33, 1 << 34), 0.0);
     }
 
     #[test]

@@ -178,17 +178,33 @@ fn fit(points: &[(u32, f64)]) -> (f64, f64) {
     (0.0, c.max(1e-9))
 }
 
-/// Measure the profile of `cfg`'s model on `device` with data like `data`.
+/// The batch sizes to probe: `requested`, sorted and deduplicated, without
+/// those above `limit` (a training run's global batch: no rank trains more
+/// samples a step); `limit` itself when none is left.
+pub fn probe_sizes(requested: &[u32], limit: Option<u32>) -> Vec<u32> {
+    let mut sizes: Vec<u32> = requested.to_vec();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if let Some(limit) = limit.filter(|&l| l > 0) {
+        sizes.retain(|&b| b <= limit);
+        if sizes.is_empty() {
+            sizes.push(limit);
+        }
+    }
+    sizes
+}
+
+/// Measure the profile of `cfg`'s model on `device` with data like `data`,
+/// at the probe sizes up to `limit` ([`probe_sizes`]).
 pub fn measure(
     cfg: &TrainerArgs,
     device: Device,
     data: &Dataset,
     gpu: Option<&Gpu>,
+    limit: Option<u32>,
 ) -> Result<HardwareProfile> {
     let budget = cfg.obs.profile_seconds;
-    let mut sizes = cfg.obs.profile_batch_sizes.clone();
-    sizes.sort_unstable();
-    sizes.dedup();
+    let sizes = probe_sizes(&cfg.obs.profile_batch_sizes, limit);
     let info = device_info(device, gpu);
     let matmul = matmul_flops(device, budget * 0.1);
     let bandwidth = memory_bandwidth(device, budget * 0.1);
@@ -412,7 +428,18 @@ fn max_batch(
 
 #[cfg(test)]
 mod tests {
-    use super::{link_shifts, ALL_PAIRS_UP_TO};
+    use super::{link_shifts, probe_sizes, ALL_PAIRS_UP_TO};
+
+    #[test]
+    fn probes_above_the_global_batch_are_left_out() {
+        assert_eq!(probe_sizes(&[32, 8, 16, 8], None), [8, 16, 32]);
+        assert_eq!(probe_sizes(&[8, 16, 32], Some(16)), [8, 16]);
+        // A size no rank can train (4e9 samples) is not allocated.
+        assert_eq!(probe_sizes(&[8, 4_000_000_000], Some(64)), [8]);
+        // None left: the global batch itself.
+        assert_eq!(probe_sizes(&[64, 128], Some(12)), [12]);
+        assert_eq!(probe_sizes(&[64], Some(0)), [64]);
+    }
 
     #[test]
     fn small_groups_measure_every_pair_large_ones_their_ring_neighbours() {

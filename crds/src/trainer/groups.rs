@@ -37,7 +37,7 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 4)]
     pub heads: i64,
     /// Context length in tokens (gpt, synthetic_text, tokens).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT_CONTEXT)]
     pub context: i64,
     /// Vocabulary size (gpt, synthetic_text, tokens: every token in the
     /// files must be below it; 256 fits byte-level text).
@@ -85,6 +85,9 @@ pub struct DataArgs {
     #[arg(long)]
     pub no_shuffle: bool,
 }
+
+/// The trainer's `--context` when none is given.
+pub const DEFAULT_CONTEXT: i64 = 64;
 
 /// Optimisation: the global batch, the run's length, the optimizer and its
 /// schedule, the seed.
@@ -294,7 +297,8 @@ pub struct ObsArgs {
     #[arg(long, env = env::POD_IP)]
     #[serde(skip)]
     pub metrics_addr: Option<String>,
-    /// Local batch sizes the start-up profile measures.
+    /// Local batch sizes the start-up profile measures (in `train`, those
+    /// above the global batch are left out: no rank trains more a step).
     #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     pub profile_batch_sizes: Vec<u32>,
     /// Skip the start-up hardware profile.

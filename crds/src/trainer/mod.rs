@@ -13,7 +13,9 @@ use serde_json::Value;
 
 mod groups;
 
-pub use groups::{DataArgs, DistArgs, ModelArgs, ObsArgs, OptimArgs, OutputArgs, PlanArgs};
+pub use groups::{
+    DataArgs, DistArgs, ModelArgs, ObsArgs, OptimArgs, OutputArgs, PlanArgs, DEFAULT_CONTEXT,
+};
 
 /// Environment variables of the contract: those the operator sets on rank
 /// pods (torchrun's layout and HeteroTrain's own), and those a user may set

@@ -77,6 +77,9 @@ pub(crate) fn median(values: &mut [f64]) -> Option<f64> {
     }
 }
 
+/// The most profile points [`fit_profile`] uses (a profile has a handful).
+pub const MAX_FIT_POINTS: usize = 256;
+
 /// True for a usable measurement: positive batch, finite positive time.
 pub(crate) fn valid_sample(batch: u32, seconds: f64) -> bool {
     batch > 0 && seconds.is_finite() && seconds > 0.0
@@ -86,11 +89,13 @@ pub(crate) fn valid_sample(batch: u32, seconds: f64) -> bool {
 /// estimator (median of pairwise slopes, median intercept), which ignores up
 /// to ~29% outliers. Invalid points are skipped. With one distinct batch size,
 /// or when the fit is not physical (slope ≤ 0, intercept < 0), falls back to
-/// `a = 0, c = median(t/b)`. `None` when no point is usable.
+/// `a = 0, c = median(t/b)`. `None` when no point is usable. Only the first
+/// [`MAX_FIT_POINTS`] usable points count (the fit compares every pair).
 pub fn fit_profile(points: &[(u32, f64)]) -> Option<StepModel> {
     let pts: Vec<(f64, f64)> = points
         .iter()
         .filter(|(b, t)| valid_sample(*b, *t))
+        .take(MAX_FIT_POINTS)
         .map(|(b, t)| (f64::from(*b), *t))
         .collect();
     if pts.is_empty() {
@@ -327,6 +332,17 @@ mod tests {
         pts.push((8, 5.0)); // wild
         pts.push((0, 1.0)); // invalid
         pts.push((4, f64::NAN)); // invalid
+        let m = fit_profile(&pts).expect("fit");
+        assert!((m.per_sample_seconds - 0.002).abs() < 1e-9, "{m:?}");
+        assert!((m.fixed_seconds - 0.01).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn profile_fit_uses_only_the_first_max_fit_points() {
+        let line = |b: u32| (b, 0.01 + 0.002 * f64::from(b));
+        let mut pts: Vec<(u32, f64)> = (1..=MAX_FIT_POINTS as u32).map(line).collect();
+        // Past the limit, points on another line do not count.
+        pts.extend((1..=10_000u32).map(|b| (b, 1.0 + 0.5 * f64::from(b))));
         let m = fit_profile(&pts).expect("fit");
         assert!((m.per_sample_seconds - 0.002).abs() < 1e-9, "{m:?}");
         assert!((m.fixed_seconds - 0.01).abs() < 1e-9, "{m:?}");

@@ -26,6 +26,12 @@ pub struct Series {
     pub value: f64,
 }
 
+/// The most distinct probe batch sizes a rank's profile may carry: the
+/// spec allows 16 (`profiling.probeBatchSizes`); a rank that exports more
+/// is broken or hostile, and its profile is dropped rather than fitted
+/// (the fit compares every pair of points).
+pub const MAX_PROFILE_POINTS: usize = 64;
+
 /// A rank's start-up profile as exported.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankProfile {
@@ -79,6 +85,9 @@ pub struct RankMetrics {
     /// The share of its CPU quota the rank used between its last two
     /// scrapes (`heterotrain_cpu_quota_used_ratio`); `None` without a quota.
     pub cpu_quota_used: Option<f64>,
+    /// Distinct profile points exported when there were more than
+    /// [`MAX_PROFILE_POINTS`] (the profile is then `None`).
+    pub profile_points_dropped: Option<usize>,
 }
 
 fn count(v: f64) -> Option<u64> {
@@ -143,6 +152,11 @@ impl RankMetrics {
             })
             .collect();
         points.sort_by_key(|p| p.0);
+        points.dedup_by_key(|p| p.0);
+        let profile_points_dropped = (points.len() > MAX_PROFILE_POINTS).then_some(points.len());
+        if profile_points_dropped.is_some() {
+            points.clear();
+        }
         let max_batch = get(m::PROFILE_MAX_BATCH_SIZE)
             .and_then(count)
             .map(|v| v.min(u64::from(u32::MAX)) as u32);
@@ -186,6 +200,7 @@ impl RankMetrics {
                 .filter(|q| *q > 0.0)
                 .and(get(m::CPU_QUOTA_USED_RATIO))
                 .filter(|u| *u > 0.0),
+            profile_points_dropped,
         }
     }
 }

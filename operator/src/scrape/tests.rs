@@ -37,6 +37,36 @@ fn parses_trainer_exposition() {
 }
 
 #[test]
+fn a_profile_with_too_many_points_is_dropped_not_fitted() {
+    let text = |n: u32| {
+        let mut t = String::from("heterotrain_profile_max_batch_size 4096\n");
+        for b in 1..=n {
+            t.push_str(&format!(
+                "heterotrain_profile_step_seconds{{batch_size=\"{b}\"}} {}\n",
+                0.01 + 0.001 * f64::from(b)
+            ));
+        }
+        RankMetrics::from_series(&parse_exposition(&t).unwrap())
+    };
+    let limit = MAX_PROFILE_POINTS as u32;
+    let ok = text(limit);
+    assert_eq!(
+        ok.profile.expect("profile").points.len(),
+        MAX_PROFILE_POINTS
+    );
+    assert_eq!(ok.profile_points_dropped, None);
+    let over = text(limit + 1);
+    assert_eq!(over.profile, None);
+    assert_eq!(over.profile_points_dropped, Some(MAX_PROFILE_POINTS + 1));
+    // A batch size exported twice counts once (the first value).
+    let twice = "heterotrain_profile_max_batch_size 64\n\
+        heterotrain_profile_step_seconds{batch_size=\"8\"} 0.1\n\
+        heterotrain_profile_step_seconds{batch_size=\"8\", x=\"y\"} 0.3\n";
+    let p = RankMetrics::from_series(&parse_exposition(twice).unwrap()).profile;
+    assert_eq!(p.expect("profile").points, vec![(8, 0.1)]);
+}
+
+#[test]
 fn link_figures_take_the_slowest_peer_else_the_bus_bandwidth() {
     let text = "heterotrain_profile_allreduce_latency_seconds 0.0002\n\
         heterotrain_profile_allreduce_bus_bandwidth_bytes_per_second 3e9\n\

@@ -374,6 +374,26 @@ pub fn validate(
             ),
         );
     }
+    if let Some(n) = spec.dataset.synthetic_samples {
+        let context = spec
+            .model
+            .context
+            .map_or(heterotrain_crds::trainer::DEFAULT_CONTEXT as u64, u64::from);
+        let limit = heterotrain_crds::MAX_SYNTHETIC_BYTES;
+        if let Some(b) = spec.dataset.name.synthetic_bytes(u64::from(n), context) {
+            if b > limit {
+                bad(
+                    "spec.dataset.syntheticSamples",
+                    format!(
+                        "{n} samples of {} would take {:.1} GiB of each rank's memory, over the {} GiB limit; use fewer",
+                        spec.dataset.name.as_str(),
+                        b as f64 / f64::from(1u32 << 30),
+                        limit >> 30
+                    ),
+                );
+            }
+        }
+    }
     if spec.profiling.probe_batch_sizes.contains(&0) {
         bad(
             "spec.profiling.probeBatchSizes",

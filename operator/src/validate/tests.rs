@@ -57,6 +57,20 @@ fn every_invalid_fixture_names_its_problem() {
 }
 
 #[test]
+fn a_generated_dataset_up_to_the_memory_limit_is_valid() {
+    // 2,000,000 images: 22.9 GiB is over; 600,000: 6.9 GiB is not.
+    for (n, ok) in [(600_000, true), (2_000_000, false)] {
+        let mut v = base();
+        merge(
+            &mut v["spec"],
+            &serde_json::json!({"dataset": {"name": "synthetic_image", "syntheticSamples": n}}),
+        );
+        let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+        assert_eq!(validate("job", &job.spec, None).is_ok(), ok, "{n}");
+    }
+}
+
+#[test]
 fn gpt_trains_on_token_files() {
     let mut v = base();
     merge(

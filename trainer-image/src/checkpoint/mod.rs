@@ -180,9 +180,25 @@ fn prune(dir: &Path, keep: usize, run: &Fingerprint) {
     }
 }
 
+/// A single path component other than `.` and `..`.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(n)), None) if n == std::ffi::OsStr::new(name)
+    )
+}
+
 /// Both files of `m` match their sizes and checksums.
 fn check_files(dir: &Path, m: &Manifest) -> Result<(), String> {
     for f in [&m.weights, &m.optimizer] {
+        // A manifest names files beside it, never a path elsewhere.
+        if !is_plain_file_name(&f.name) {
+            return Err(format!(
+                "file name {:?} is not a plain name in the checkpoint directory",
+                f.name
+            ));
+        }
         let p = dir.join(&f.name);
         let (bytes, sha) = sha256_file(&p).map_err(|e| e.to_string())?;
         if bytes != f.bytes || sha != f.sha256 {

@@ -332,3 +332,34 @@ fn a_failed_load_leaves_the_targets_untouched() {
     assert_eq!(w[0].1.double_value(&[0]), 5.0);
     assert_eq!(o[0].1.double_value(&[0]), 0.5);
 }
+
+#[test]
+fn a_manifest_naming_a_file_outside_its_directory_is_skipped() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    let run = fp(&[]);
+    save_at(&dir, 10, &run);
+    save_at(&dir, 20, &run);
+    // Move the newest weights out of the directory and point the manifest
+    // at them: sizes and checksums still match.
+    let name = "ckpt-0000000020.model.safetensors";
+    std::fs::rename(dir.join(name), root.path().join(name)).unwrap();
+    let manifest = dir.join("ckpt-0000000020.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    for outside in [
+        format!("../{name}"),
+        root.path().join(name).display().to_string(),
+    ] {
+        m["weights"]["name"] = serde_json::Value::String(outside.clone());
+        std::fs::write(&manifest, m.to_string()).unwrap();
+        let t = target();
+        assert_eq!(resume_step(&dir, &run, &t), Some(10), "{outside}");
+        assert_eq!(t[0].1.double_value(&[0]), 10.0);
+    }
+    assert!(is_plain_file_name(name));
+    for bad in ["", ".", "..", "a/b", "/abs", "a/"] {
+        assert!(!is_plain_file_name(bad), "{bad:?}");
+    }
+}

@@ -159,6 +159,26 @@ impl Needs {
     }
 }
 
+/// Why a generated dataset is too large to hold in memory, if it is.
+fn synthetic_over_limit(data: &DataArgs, needs: &Needs) -> Option<String> {
+    let context = u64::try_from(needs.context.max(0)).unwrap_or(0);
+    let n = data.synthetic_samples as u64;
+    let limit = heterotrain_crds::MAX_SYNTHETIC_BYTES;
+    match data.dataset.synthetic_bytes(n, context) {
+        None if !data.dataset.from_files() => Some(format!(
+            "--synthetic-samples {n}: the {} dataset's size overflows; use fewer samples",
+            data.dataset.as_str()
+        )),
+        Some(b) if b > limit => Some(format!(
+            "--synthetic-samples {n}: the {} dataset would take {:.1} GiB of memory, over the {} GiB limit; use fewer samples",
+            data.dataset.as_str(),
+            b as f64 / f64::from(1u32 << 30),
+            limit >> 30
+        )),
+        _ => None,
+    }
+}
+
 /// Load the dataset the data group names.
 pub fn load(data: &DataArgs, needs: Needs) -> Result<Dataset> {
     let dir = || {
@@ -166,6 +186,9 @@ pub fn load(data: &DataArgs, needs: Needs) -> Result<Dataset> {
             .clone()
             .ok_or_else(|| TrainerError::Config("--data-dir is required".into()))
     };
+    if let Some(limit) = synthetic_over_limit(data, &needs) {
+        return Err(TrainerError::Config(limit));
+    }
     let ds = match data.dataset {
         DatasetName::SyntheticImage => {
             synthetic::images(data.synthetic_samples, needs.seed, data.eval_fraction)
@@ -193,4 +216,78 @@ pub fn load(data: &DataArgs, needs: Needs) -> Result<Dataset> {
         )));
     }
     Ok(ds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cfg(args: &[&str]) -> TrainerArgs {
+        let mut v = vec!["x", "train"];
+        v.extend_from_slice(args);
+        match crate::cli::Cli::parse_from(v).command {
+            crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
+        }
+    }
+
+    #[test]
+    fn a_generated_dataset_too_large_for_memory_is_an_error_before_allocating() {
+        let over = |args: &[&str]| {
+            let c = cfg(args);
+            synthetic_over_limit(&c.data, &Needs::of(&c))
+        };
+        assert_eq!(over(&["--dataset", "synthetic_image"]), None);
+        // 1e8 images of 3×32×32 floats: about 1.1 TiB.
+        let e = load(
+            &cfg(&[
+                "--dataset",
+                "synthetic_image",
+                "--synthetic-samples",
+                "100000000",
+            ])
+            .data,
+            Needs::of(&cfg(&[])),
+        )
+        .err()
+        .expect("an error, not an allocation");
+        assert!(e.to_string().contains("over the 8 GiB limit"), "{e}");
+        // Text: samples × (context + 1) × 8 bytes, just under and just over.
+        let n = (MAX_SYNTHETIC_LIMIT_SAMPLES_TEXT).to_string();
+        assert_eq!(
+            over(&[
+                "--dataset",
+                "synthetic_text",
+                "--context",
+                "1023",
+                "--synthetic-samples",
+                &n
+            ]),
+            None
+        );
+        let n1 = (MAX_SYNTHETIC_LIMIT_SAMPLES_TEXT + 1).to_string();
+        assert!(over(&[
+            "--dataset",
+            "synthetic_text",
+            "--context",
+            "1023",
+            "--synthetic-samples",
+            &n1
+        ])
+        .is_some());
+        // File datasets are not generated: no limit here.
+        assert_eq!(
+            over(&[
+                "--dataset",
+                "cifar10",
+                "--synthetic-samples",
+                "100000000000"
+            ]),
+            None
+        );
+    }
+
+    /// Sequences of 1,024 int64 tokens that fit in the limit.
+    const MAX_SYNTHETIC_LIMIT_SAMPLES_TEXT: u64 =
+        heterotrain_crds::MAX_SYNTHETIC_BYTES / (1024 * 8);
 }

@@ -234,7 +234,7 @@ fn measure_profile(
         return Ok(None);
     }
     let t = Instant::now();
-    let p = profile::measure(cfg, device, data, gpu)?;
+    let p = profile::measure(cfg, device, data, gpu, Some(cfg.optim.batch_size))?;
     mx.set_profile(&p);
     eprintln!(
         "rank {}: profile in {:.1}s: {} {:.2e} FLOP/s, {:.2e} B/s, t(b) = {:.4} + {:.6}·b s, max batch {}",
