@@ -105,6 +105,10 @@ pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot
             Box::new(mlp::mlp(p, sample.iter().product(), cfg.hidden, classes))
         }
         (ModelName::SimpleCnn, _, Some((chw, classes))) => {
+            // Two 2×2 poolings: a smaller image leaves nothing to classify.
+            if chw[1] < 4 || chw[2] < 4 {
+                return Err(mismatch("simple_cnn (needs images of at least 4×4 pixels)"));
+            }
             Box::new(cnn::simple_cnn(p, chw, cfg.hidden, classes))
         }
         (ModelName::Resnet18 | ModelName::Resnet50, _, Some((chw, classes))) => {
@@ -137,4 +141,30 @@ pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot
         net: Net::Native(net),
         shape: shape.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn simple_cnn_refuses_images_too_small_for_its_poolings() {
+        let args =
+            match crate::cli::Cli::parse_from(["x", "train", "--model", "simple_cnn"]).command {
+                crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
+            };
+        let shape = |h: i64, w: i64| DataShape::Image {
+            chw: [1, h, w],
+            classes: 10,
+        };
+        let build_at = |h, w| {
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            build(&vs.root(), &args.model, &shape(h, w), &GroupSlot::default()).map(|_| ())
+        };
+        let e = build_at(3, 8).expect_err("3 rows is too few");
+        assert!(e.to_string().contains("at least 4×4 pixels"), "{e}");
+        assert!(build_at(8, 2).is_err());
+        assert!(build_at(4, 4).is_ok());
+    }
 }
