@@ -121,8 +121,12 @@ pub struct OptimArgs {
     /// followed by the owners' broadcasts, instead of inside backward
     /// (where each owner updates a piece of the parameters as soon as its
     /// gradient sums arrive and sends the new values while backward goes
-    /// on). The result is the same; inside backward is faster. CPU ranks
-    /// only: a gang with a CUDA rank updates after backward.
+    /// on). The result is the same. Inside backward gains where cores are
+    /// left over while backward runs (resnet18 at 4 threads per rank on a
+    /// 16-core host: 1.09×); where the ranks' compute fills every core
+    /// (2 ranks on 2 cores) the two are within the noise. `make
+    /// bench-trainer` measures it. CPU ranks only: a gang with a CUDA rank
+    /// updates after backward.
     #[arg(long)]
     pub update_after_backward: bool,
     /// SGD momentum.
