@@ -11,7 +11,6 @@ use crate::cli::{OptimArgs, OptimizerKind, Schedule};
 use crate::error::Result;
 use crate::shard::{FlatParams, Layout};
 
-/// Learning rate at (1-based) step `step` of `total`.
 /// `n` as a `powi` exponent: beyond `i32::MAX` the powers of the factors
 /// used here (momentum-like, in (0, 1]) no longer change, so it saturates
 /// there instead of wrapping (a step count from a checkpoint manifest).
@@ -19,6 +18,7 @@ fn exponent(n: u64) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
+/// Learning rate at (1-based) step `step` of `total`.
 pub fn lr_at(cfg: &OptimArgs, step: u64, total: u64) -> f64 {
     let base = cfg.lr;
     if cfg.warmup_steps > 0 && step <= cfg.warmup_steps {
