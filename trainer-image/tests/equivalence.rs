@@ -453,6 +453,7 @@ fn equivalence_sharded_update_resplit_across_epochs_sgd_and_adamw() {
 fn equivalence_with_a_rank_left_out_and_brought_back() {
     for (opt, lr, sharding) in [
         ("sgd", "0.005", "proportional"),
+        ("sgd", "0.005", "replicated"),
         ("adamw", "0.001", "proportional"),
         ("adamw", "0.001", "replicated"),
     ] {

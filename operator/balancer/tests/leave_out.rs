@@ -1,5 +1,6 @@
-//! Leaving slow ranks out ("never slower than the best subset"): who is
-//! left out and why, who never is, and how left-out ranks come back.
+//! Leaving slow ranks out ("never slower than the best subset", to within
+//! `leaveOutMarginPercent`): who is left out and why, who never is, and how
+//! left-out ranks come back.
 
 mod common;
 
@@ -203,6 +204,43 @@ fn a_left_out_rank_is_readmitted_then_left_out_again_with_the_wait_doubled() {
         "{}",
         d.reason
     );
+}
+
+#[test]
+fn the_wait_before_a_readmission_doubles_up_to_eight_times() {
+    let truth = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 3,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, mut p) = left_out_once(cfg, &truth);
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        // Decisions left out until the rank is re-admitted.
+        let mut n = 0;
+        let back = loop {
+            n += 1;
+            assert!(n <= 100, "never re-admitted");
+            feed(&mut bal, &p, &truth, 20);
+            let d = bal.decide(&p).expect("decide");
+            let next = d.batches_or(&p).to_vec();
+            if next[3] >= 1 {
+                break next;
+            }
+            p = next;
+        };
+        waits.push(n);
+        // Its fresh measurements leave it out again.
+        feed(&mut bal, &back, &truth, 20);
+        p = plan_of(&bal.decide(&back).expect("decide"));
+        assert_eq!(p[3], 0, "{p:?}");
+    }
+    assert_eq!(
+        waits,
+        [3, 6, 12, 24, 24],
+        "readmitAfterDecisions × 1, 2, 4, 8, 8"
+    );
+    assert_eq!(heterotrain_balancer::MAX_READMIT_FACTOR, 8);
 }
 
 #[test]

@@ -164,6 +164,17 @@ async fn bearer_token_goes_to_prometheus_only_and_is_reread() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("empty"), "{err}");
+    // A token file of two lines: refused, naming the file, not the token.
+    write(&token, "secret-one\nsecret-two\n");
+    let err = Scraper::with_prometheus_auth(timeout, &auth)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("more than one line") && err.contains(&token.display().to_string()),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "{err}");
     let missing = PrometheusAuth {
         ca_file: None,
         bearer_token_file: Some(dir.join("missing")),
