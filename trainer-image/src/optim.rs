@@ -258,16 +258,9 @@ impl Optimizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use tch::Kind;
 
-    fn cfg(args: &[&str]) -> crate::cli::TrainerArgs {
-        let mut v = vec!["x", "train"];
-        v.extend_from_slice(args);
-        match crate::cli::Cli::parse_from(v).command {
-            crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
-        }
-    }
+    use crate::cli::train_args as cfg;
 
     #[test]
     fn step_counts_past_i32_give_the_limit_not_a_wrapped_exponent() {

@@ -1,15 +1,6 @@
 use super::*;
-use clap::Parser;
 
-use crate::cli::TrainerArgs;
-
-fn cfg(args: &[&str]) -> TrainerArgs {
-    let mut v = vec!["x", "train"];
-    v.extend_from_slice(args);
-    match crate::cli::Cli::parse_from(v).command {
-        crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
-    }
-}
+use crate::cli::train_args as cfg;
 
 fn fp(args: &[&str]) -> Fingerprint {
     Fingerprint::of(&cfg(args), 1000)

@@ -33,6 +33,17 @@ pub enum Command {
     Profile(Box<TrainerArgs>),
 }
 
+/// `train` arguments parsed from `args` (for unit tests).
+#[cfg(test)]
+pub(crate) fn train_args(args: &[&str]) -> TrainerArgs {
+    use clap::Parser;
+    let mut v = vec!["heterotrain-trainer", "train"];
+    v.extend_from_slice(args);
+    match Cli::parse_from(v).command {
+        Command::Train(c) | Command::Profile(c) => *c,
+    }
+}
+
 /// Check cross-flag invariants before anything starts.
 pub fn validate(cfg: &TrainerArgs) -> Result<(), String> {
     if cfg.dist.world_size == 0 {

@@ -221,15 +221,7 @@ pub fn load(data: &DataArgs, needs: Needs) -> Result<Dataset> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    fn cfg(args: &[&str]) -> TrainerArgs {
-        let mut v = vec!["x", "train"];
-        v.extend_from_slice(args);
-        match crate::cli::Cli::parse_from(v).command {
-            crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
-        }
-    }
+    use crate::cli::train_args as cfg;
 
     #[test]
     fn a_generated_dataset_too_large_for_memory_is_an_error_before_allocating() {

@@ -146,14 +146,10 @@ pub fn build(p: &nn::Path, cfg: &ModelArgs, shape: &DataShape, group: &GroupSlot
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn simple_cnn_refuses_images_too_small_for_its_poolings() {
-        let args =
-            match crate::cli::Cli::parse_from(["x", "train", "--model", "simple_cnn"]).command {
-                crate::cli::Command::Train(c) | crate::cli::Command::Profile(c) => *c,
-            };
+        let args = crate::cli::train_args(&["--model", "simple_cnn"]);
         let shape = |h: i64, w: i64| DataShape::Image {
             chw: [1, h, w],
             classes: 10,
