@@ -17,7 +17,8 @@ in cgroup v1 cpu/cpuset/cpuacct groups named heterotrain-quota/rN:
 simple_cnn on the digits CIFAR-10 set from `make setup`, global batch = the
 sum of the batches (or $B, 128, with "-"), one thread per rank.
 
-Prints samples/s over the last half of the steps, each rank's median
+Prints samples/s over the last half of the steps (by the wall clock, and
+by step time as `make bench` measures: evaluation left out), each rank's median
 compute and exposed communication, and its CPU time per step (cpuacct)
 and throttled quota periods over the whole run. SOLO=1 runs every rank
 alone (world size 1) at its batch, all at the same time: the concurrent
@@ -150,6 +151,22 @@ def steps(path):
 def rate(recs):
     h = recs[len(recs) // 2:]
     return sum(r["batch_size" if solo else "global_batch_size"] for r in h[1:]) / (h[-1]["unix_seconds"] - h[0]["unix_seconds"])
+def union_rate(ranks):
+    # The bench's measure: samples over the union of the ranks' step
+    # intervals (last half), so pauses in which no rank steps (evaluation)
+    # are left out.
+    by = [{r["step"]: r for r in recs} for recs in ranks]
+    common = sorted(set.intersection(*(set(d) for d in by)))
+    common = common[len(common) // 2:]
+    covered, secs, n = float("-inf"), 0.0, 0
+    for s in common:
+        rs = [d[s] for d in by]
+        start = min(r["unix_seconds"] - r["step_seconds"] for r in rs)
+        end = max(r["unix_seconds"] for r in rs)
+        secs += max(0.0, end - max(start, covered))
+        covered = max(covered, end)
+        n += rs[0]["global_batch_size"] if not solo else rs[0]["batch_size"]
+    return n / secs if secs > 0 else 0.0
 def stat(path):
     with open(path) as f:
         return dict(l.split() for l in f)
@@ -158,8 +175,13 @@ recs = [steps(p) for p in logs]
 if solo:
     rates = [rate(r) for r in recs]
     print(f"alone at the same time: {' + '.join(f'{x:.0f}' for x in rates)} = {sum(rates):.0f} samples/s")
+    steps_only = [union_rate([r]) for r in recs]
+    print(f"  by step time (evaluation left out, as the bench measures): "
+          f"{' + '.join(f'{x:.0f}' for x in steps_only)} = {sum(steps_only):.0f} samples/s")
 else:
     print(f"together: {rate(recs[0]):.0f} samples/s over the last half of {len(recs[0])} steps")
+    print(f"  by step time (the union of the ranks' step intervals, evaluation left out, "
+          f"as the bench measures): {union_rate(recs):.0f} samples/s")
 for i, r in enumerate(recs):
     h = r[len(r) // 2:]
     a, b = stat(f"{out}/cpu.stat.start.{i}"), stat(f"{out}/cpu.stat.end.{i}")
