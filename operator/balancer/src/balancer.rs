@@ -107,12 +107,17 @@ impl Balancer {
         compute_seconds: f64,
     ) -> Result<(), BalancerError> {
         let (factor, patience) = (self.config.straggler_factor, self.config.straggler_patience);
+        let plan_batch = self.measured.plan.as_ref().map(|p| p.get(rank).copied());
         let r = self.rank_mut(rank)?;
         if !valid_sample(batch, compute_seconds) {
             return Err(BalancerError::InvalidSample {
                 rank,
                 reason: format!("batch {batch}, compute seconds {compute_seconds}"),
             });
+        }
+        if plan_batch.is_none_or(|b| b == Some(batch)) {
+            r.compute_time.0 += compute_seconds;
+            r.compute_time.1 = r.compute_time.1.saturating_add(1);
         }
         let fixed = live_fixed(r);
         let reference = r.live.last_model().or(r.profile);

@@ -214,7 +214,20 @@ impl Balancer {
         // one's may never close: it does not block).
         let no_open = (0..n)
             .all(|r| !subset::on_open_trial(&self.ranks[r], &cfg) || out.stale_ranks.contains(&r));
-        if let (Some(w), true) = (measured, quiet && no_new_out && no_open) {
+        // Nor while a rank's compute runs ahead of its model (a slowdown
+        // not yet re-fitted): the step's excess is then compute.
+        let outrun = measured
+            .filter(|_| quiet && no_new_out && no_open)
+            .and_then(|_| measured::compute_outrun(&self.ranks, predict_models, cur, margin));
+        if let Some(o) = outrun {
+            let note = measured::outrun_note(o, margin);
+            if self.measured.note.is_empty() {
+                self.measured.note = note;
+            } else {
+                push_note(&mut self.measured.note, &note);
+            }
+        }
+        if let (Some(w), true) = (measured, quiet && no_new_out && no_open && outrun.is_none()) {
             let mut kept_out = bounds.clone();
             for &r in &current_out {
                 kept_out.hold_out(r);

@@ -289,6 +289,45 @@ pub(crate) fn review(
     out
 }
 
+/// A training rank whose compute over the interval that ran `current`
+/// ran more than `margin`% over what its model predicts at its batch: the
+/// one that ran furthest over, with its measured mean and its prediction.
+/// A slowdown (a throttle, a busy neighbour) shows there a decision or two
+/// before the live model re-fits; until then the measured step runs over
+/// the predicted compute step because of compute, not of time the models
+/// cannot see, and a leave-out trial would test the wrong rank.
+pub(crate) fn compute_outrun(
+    ranks: &[RankState],
+    predict: &[StepModel],
+    current: &[u32],
+    margin: u32,
+) -> Option<(usize, f64, f64)> {
+    let over = 1.0 + f64::from(margin.min(100)) / 100.0;
+    ranks
+        .iter()
+        .zip(predict)
+        .zip(current)
+        .enumerate()
+        .filter(|(_, ((r, _), &b))| b > 0 && r.compute_time.1 > 0)
+        .filter_map(|(i, ((r, model), &b))| {
+            let measured = r.compute_time.0 / f64::from(r.compute_time.1);
+            let predicted = model.predict(b);
+            (measured.is_finite() && predicted > 0.0 && measured > over * predicted)
+                .then_some((i, measured, predicted))
+        })
+        .max_by(|p, q| (p.1 / p.2).total_cmp(&(q.1 / q.2)))
+}
+
+/// The note for a trial held back by [`compute_outrun`].
+pub(crate) fn outrun_note((rank, measured, predicted): (usize, f64, f64), margin: u32) -> String {
+    format!(
+        "leave-out trials wait: rank {rank}'s compute over the interval, {}, is {:.2}× its model's {} (more than leaveOutMarginPercent {margin}% over), so the step ran long on compute the models have not caught up with yet",
+        secs(measured),
+        measured / predicted,
+        secs(predicted)
+    )
+}
+
 /// A leave-out trial to start: its rank, plan and predicted compute step.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TrialStart {

@@ -58,6 +58,10 @@ pub(crate) struct RankState {
     /// Measured wall-clock step seconds since the previous decision: their
     /// sum and count (see [`crate::Balancer::observe_step_time`]).
     pub step_time: (f64, u32),
+    /// Compute seconds reported since the previous decision, at the batch
+    /// of the plan decided last: their sum and count (what the interval's
+    /// compute was, beside what the models predict).
+    pub compute_time: (f64, u32),
     /// Share of its CPU quota used (smoothed; see
     /// [`crate::Balancer::observe_quota_use`]); `None` without a quota.
     pub quota_use: Option<f64>,
@@ -105,6 +109,7 @@ impl RankState {
             trial_samples: None,
             left_out: false,
             step_time: (0.0, 0),
+            compute_time: (0.0, 0),
             quota_use: None,
             presence: None,
             trial_wait: 0,

@@ -213,6 +213,7 @@ impl Balancer {
         d.communication_seconds = self.communication_seconds();
         for r in &mut self.ranks {
             r.step_time = (0.0, 0);
+            r.compute_time = (0.0, 0);
         }
         if !decided.is_empty() {
             self.measured.plan = Some(decided.clone());

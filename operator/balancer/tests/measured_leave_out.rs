@@ -413,3 +413,58 @@ fn a_rank_faster_than_rank_zero_is_never_tried() {
     }
     assert!(plan[1] >= 2 * plan[0], "{plan:?}");
 }
+
+/// The bench's throttle: two ranks (1 : 0.33, B 128), the fast rank 0
+/// slowed 2.5× halfway through a decision interval, the operator's samples
+/// one a second (each the mean of many steps), so the live model has not
+/// re-fitted yet at the next decision. The step measured over that
+/// interval is longer than the (stale) models predict because rank 0's
+/// compute grew, which its own measured compute shows: no leave-out trial
+/// of rank 1 (the rank that did *not* slow down), and once rank 0's model
+/// has caught up the split moves samples to rank 1.
+#[test]
+fn a_slowdown_the_models_have_not_caught_up_with_starts_no_trial() {
+    let before = vec![m(0.005, 0.0006), m(0.005, 0.0018)];
+    let throttled = vec![m(0.0125, 0.0015), before[1]];
+    let exchange = |_: &[u32]| 0.004;
+    let mut bal = profiled(config(Policy::Dynamic, 128), &before);
+    let mut plan = vec![64, 64];
+    for _ in 0..6 {
+        feed_measured(&mut bal, &plan, &before, 2, &exchange);
+        let d = bal.decide(&plan).expect("decide");
+        assert!(!d.reason.contains("leave-out trial: rank"), "{}", d.reason);
+        plan = d.batches_or(&plan).to_vec();
+    }
+    assert!(plan[0] > 80 && plan[1] > 0, "settled: {plan:?}");
+    let settled = plan.clone();
+    // One sample before the throttle, one after it.
+    feed_measured(&mut bal, &plan, &before, 1, &exchange);
+    feed_measured(&mut bal, &plan, &throttled, 1, &exchange);
+    let d = bal.decide(&plan).expect("decide");
+    assert!(
+        d.measured_step_seconds > 1.15 * d.current_predicted_step_seconds,
+        "the interval's step runs over the stale prediction: {d:?}"
+    );
+    assert!(!d.reason.contains("leave-out trial: rank"), "{}", d.reason);
+    assert!(
+        d.reason
+            .contains("leave-out trials wait: rank 0's compute over the interval"),
+        "{}",
+        d.reason
+    );
+    plan = d.batches_or(&plan).to_vec();
+    assert!(plan[1] > 0, "{plan:?}: {}", d.reason);
+    // Throttled from now on: the split follows rank 0's new speed.
+    let mut reasons = Vec::new();
+    for _ in 0..6 {
+        feed_measured(&mut bal, &plan, &throttled, 2, &exchange);
+        let d = bal.decide(&plan).expect("decide");
+        assert!(plan[1] > 0, "{plan:?}: {}", d.reason);
+        plan = d.batches_or(&plan).to_vec();
+        reasons.push(d.reason);
+    }
+    assert!(
+        plan[1] > settled[1] + 10,
+        "{plan:?} after {settled:?}: {reasons:#?}"
+    );
+}
