@@ -205,10 +205,12 @@ fn http_request(port: u16, method: &str, path: &str) -> Result<(u16, String)> {
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
+    let at = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    let head = String::from_utf8_lossy(&buf[..at]);
+    let body = &buf[at + 4..];
     let code = head
         .split_whitespace()
         .nth(1)
@@ -218,24 +220,43 @@ fn http_request(port: u16, method: &str, path: &str) -> Result<(u16, String)> {
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        dechunk(body)
+        String::from_utf8_lossy(&dechunk(body)).into_owned()
     } else {
-        body.to_string()
+        String::from_utf8_lossy(body).into_owned()
     };
     Ok((code, body))
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(len.trim(), 16) else {
+/// The body of a chunked transfer, as bytes (a chunk may end inside a
+/// multi-byte character: decode only the whole body).
+fn dechunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
+        let Some(n) = std::str::from_utf8(&s[..eol])
+            .ok()
+            .and_then(|len| usize::from_str_radix(len.trim(), 16).ok())
+        else {
             break;
         };
+        let rest = &s[eol + 2..];
         if n == 0 || rest.len() < n {
             break;
         }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
+        out.extend_from_slice(&rest[..n]);
+        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn a_chunk_may_end_inside_a_character() {
+        // "é" is 0xC3 0xA9: split across two chunks.
+        let body = b"2\r\na\xC3\r\n2\r\n\xA9b\r\n0\r\n\r\n";
+        assert_eq!(String::from_utf8(dechunk(body)).unwrap(), "a\u{e9}b");
+        assert_eq!(dechunk(b"zz\r\nabc"), b"");
+    }
 }

@@ -123,26 +123,29 @@ async fn isolation_probe_ips(
     system: &System,
     ns: &str,
     job: &str,
-) -> Result<(String, String, String), String> {
+) -> Result<(String, String, String, String), String> {
     system
         .create_namespace("intruder")
         .await
         .map_err(|e| e.to_string())?;
     let client = system.client().await.map_err(|e| e.to_string())?;
     let intruders: Api<Pod> = Api::namespaced(client.clone(), "intruder");
-    let pod = serde_json::json!({
-        "metadata": {"name": "intruder", "labels": {"heterotrain.dev/job": job}},
-        "spec": {"restartPolicy": "Never", "nodeSelector": {"pool": "big-cpu"},
-            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}
-    });
-    intruders
-        .create(
+    let ranks: Api<Pod> = Api::namespaced(client, ns);
+    // One pod in another namespace and one in the job's own (another
+    // job's, say), both copying the job-name label but not the job's UID.
+    for (api, name) in [(&intruders, "intruder"), (&ranks, NEIGHBOUR)] {
+        let pod = serde_json::json!({
+            "metadata": {"name": name, "labels": {"heterotrain.dev/job": job}},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {"pool": "big-cpu"},
+                "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}
+        });
+        api.create(
             &kube::api::PostParams::default(),
             &serde_json::from_value(pod).map_err(|e| e.to_string())?,
         )
         .await
         .map_err(|e| e.to_string())?;
-    let ranks: Api<Pod> = Api::namespaced(client, ns);
+    }
     let ip_of = |api: Api<Pod>, name: String| async move {
         heterotrain_e2e::wait::eventually(
             &format!("{name} running with an IP"),
@@ -158,10 +161,14 @@ async fn isolation_probe_ips(
     };
     Ok((
         ip_of(intruders, "intruder".into()).await?,
+        ip_of(ranks.clone(), NEIGHBOUR.into()).await?,
         ip_of(ranks.clone(), format!("{job}-1")).await?,
         ip_of(ranks, format!("{job}-0")).await?,
     ))
 }
+
+/// The pod beside a job's ranks, in its namespace, that is not one of them.
+const NEIGHBOUR: &str = "neighbour";
 
 fn phase(j: &HeteroTrainingJob) -> &str {
     j.status
@@ -539,19 +546,26 @@ async fn end_to_end() {
             return Err(format!("progress {p:?} at step {} of 600", st.step));
         }
         // The job's NetworkPolicy, enforced by the simulator: a pod of
-        // another namespace (copying the job-name label) cannot reach rank
-        // 0's c10d store or metrics, the job's own rank 1 can, and the job
+        // another namespace and one of the job's own namespace that is not
+        // its rank (both copying the job-name label) cannot reach rank 0's
+        // c10d store or metrics, the job's own rank 1 can, and the job
         // trains on to Succeeded.
-        let (intruder, rank1, rank0) = isolation_probe_ips(&system, "dynamic", "qs").await?;
-        for port in [29500, 9400] {
-            match netpol::connect_from(&intruder, &rank0, port).await {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
-                other => {
-                    return Err(format!(
-                        "another namespace's pod reached rank 0 at {rank0}:{port}: {other:?} \
-                         (policy enforcement: {:?})",
-                        system.sim.network_policy_state()
-                    ))
+        let (intruder, neighbour, rank1, rank0) =
+            isolation_probe_ips(&system, "dynamic", "qs").await?;
+        for (who, from) in [
+            ("another namespace's pod", &intruder),
+            ("a pod beside the ranks", &neighbour),
+        ] {
+            for port in [29500, 9400] {
+                match netpol::connect_from(from, &rank0, port).await {
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                    other => {
+                        return Err(format!(
+                            "{who} reached rank 0 at {rank0}:{port}: {other:?} \
+                             (policy enforcement: {:?})",
+                            system.sim.network_policy_state()
+                        ))
+                    }
                 }
             }
         }
@@ -562,13 +576,15 @@ async fn end_to_end() {
         // `restricted` (every upstream check, `pod_security`).
         let pods: Api<Pod> =
             Api::namespaced(system.client().await.map_err(|e| e.to_string())?, "dynamic");
-        let live = pods
+        let mut live = pods
             .list(&ListParams::default())
             .await
             .map_err(|e| e.to_string())?;
+        live.items
+            .retain(|p| p.metadata.name.as_deref() != Some(NEIGHBOUR));
         if live.items.len() != 2 {
             return Err(format!(
-                "{} pods in namespace dynamic, want 2",
+                "{} rank pods in namespace dynamic, want 2",
                 live.items.len()
             ));
         }
@@ -800,6 +816,10 @@ async fn end_to_end() {
             })
             .await
             .map_err(|e| e.to_string())?;
+        // Rank 0's log so far: the new gang's lines come after it.
+        let log_path =
+            heterotrain_e2e::nodesim::log_path(system.sim.state_dir(), "rank-killed", "qs-0");
+        let before = std::fs::read_to_string(&log_path).unwrap_or_default().len();
         if !system
             .sim
             .signal_pod("rank-killed", "qs-1", libc::SIGKILL)
@@ -815,15 +835,20 @@ async fn end_to_end() {
         if restarts != 1 {
             return Err(format!("restarts = {restarts}, want 1"));
         }
-        let log = std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(
-            system.sim.state_dir(),
-            "rank-killed",
-            "qs-0",
-        ))
-        .unwrap_or_default();
-        if !log.to_lowercase().contains("resum") {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        // The step the new gang resumed from: a checkpoint of the first
+        // gang (every 20 steps, killed at step 60 or later: at least 40),
+        // not step 0.
+        let resumed: Vec<u64> = log
+            .get(before.min(log.len())..)
+            .unwrap_or(&log)
+            .lines()
+            .filter_map(|l| l.split("resuming from checkpoint at step ").nth(1))
+            .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+            .collect();
+        if resumed.len() != 1 || resumed[0] < 40 || !resumed[0].is_multiple_of(20) {
             return Err(format!(
-                "rank 0 of the new gang did not resume from a checkpoint:\n{log}"
+                "rank 0 of the new gang did not resume from one checkpoint of the first (resumed from {resumed:?}):\n{log}"
             ));
         }
         Ok(())

@@ -155,9 +155,19 @@ fn nonblank(list: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// A positive number of seconds: an interval of 0 would spin (scrape,
+/// requeue) without pause.
 fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v)
-        .with_context(|| format!("--{what} must be a positive number of seconds"))
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--{what} must be a positive number of seconds, got {v}"))
+}
+
+/// Seconds that may be 0 (`--debounce 0`: no debounce).
+fn secs_or_zero(v: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v)
+        .with_context(|| format!("--{what} must be 0 or a positive number of seconds, got {v}"))
 }
 
 #[tokio::main]
@@ -197,7 +207,7 @@ async fn run() -> anyhow::Result<()> {
         } else {
             cli.concurrency
         },
-        debounce: secs(cli.debounce, "debounce")?,
+        debounce: secs_or_zero(cli.debounce, "debounce")?,
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
         prometheus_auth: heterotrain_operator::scrape::PrometheusAuth {
@@ -248,4 +258,24 @@ async fn run() -> anyhow::Result<()> {
     let res = heterotrain_operator::run(ctx, shutdown).await;
     http.abort();
     res.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_must_be_positive_and_a_debounce_may_be_zero() {
+        assert_eq!(secs(1.5, "x").ok(), Some(Duration::from_millis(1500)));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = secs(bad, "scrape-interval").expect_err("refused");
+            assert!(
+                e.to_string()
+                    .contains("--scrape-interval must be a positive number of seconds"),
+                "{e}"
+            );
+        }
+        assert_eq!(secs_or_zero(0.0, "debounce").ok(), Some(Duration::ZERO));
+        assert!(secs_or_zero(-0.5, "debounce").is_err());
+    }
 }

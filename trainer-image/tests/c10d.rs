@@ -197,13 +197,84 @@ fn listeners(port: u16) -> (Vec<String>, usize) {
     (v4, v6)
 }
 
+/// Every listening TCP socket this process holds: (socket inode, address;
+/// IPv4 as a dotted quad, IPv6 as "v6:" and the kernel's hex), from its
+/// file descriptors' socket inodes and /proc/net/tcp{,6}.
+fn own_listeners() -> Vec<(String, String)> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let s = l.to_string_lossy().into_owned();
+                    Some(s.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (Some(local), Some(&"0A"), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            if !inodes.contains(*inode) {
+                continue;
+            }
+            let Some((addr, _)) = local.split_once(':') else {
+                continue;
+            };
+            out.push((
+                inode.to_string(),
+                if v6 {
+                    format!("v6:{addr}")
+                } else {
+                    let a = u32::from_str_radix(addr, 16).unwrap_or(0).to_le_bytes();
+                    format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+                },
+            ));
+        }
+    }
+    out
+}
+
 #[test]
 fn the_store_listens_on_the_bind_address_only() {
+    // In a process of its own: other tests' sockets would count among
+    // this process's listeners.
+    const CHILD: &str = "HT_LISTENERS_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let name = "the_store_listens_on_the_bind_address_only";
+        let o = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([name, "--exact", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("run the test in a child");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        return;
+    }
     // Rank 0 binds 127.4.0.2 (a pod IP): its TCPStore listens there and on
-    // no other address, and rank 1 joins through it.
+    // no other address, and rank 1 joins through it; Gloo's listeners too.
+    // Listeners this process inherited (the parent's, from other tests:
+    // Gloo's sockets are not close-on-exec) are not this test's.
+    let inherited: std::collections::HashSet<String> = own_listeners()
+        .into_iter()
+        .map(|(inode, _)| inode)
+        .collect();
+    let inherited = &inherited;
     let port = common::free_port();
     let ip = "127.4.0.2";
-    let seen: Vec<(Vec<String>, usize)> = std::thread::scope(|s| {
+    // Per rank: the store's listeners on its port (IPv4 addresses, IPv6
+    // count), and the addresses of every listener this test opened.
+    type Seen = ((Vec<String>, usize), Vec<String>);
+    let seen: Vec<Seen> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|rank| {
                 s.spawn(move || {
@@ -215,15 +286,30 @@ fn the_store_listens_on_the_bind_address_only() {
                     let pg = ProcessGroup::join(&c).expect("join");
                     let l = listeners(port);
                     pg.barrier().unwrap();
-                    l
+                    // Every socket Gloo and the store listen on, both
+                    // ranks' (one process): on the two bind addresses only.
+                    let all: Vec<String> = own_listeners()
+                        .into_iter()
+                        .filter(|(inode, _)| !inherited.contains(inode))
+                        .map(|(_, addr)| addr)
+                        .collect();
+                    pg.barrier().unwrap();
+                    (l, all)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(
-        seen[0],
+        seen[0].0,
         (vec![ip.to_string()], 0),
         "listeners on port {port}"
     );
+    for (rank, (_, all)) in seen.iter().enumerate() {
+        assert!(!all.is_empty(), "rank {rank}: no listener found at all");
+        assert!(
+            all.iter().all(|a| a == ip || a == "127.4.0.3"),
+            "rank {rank}: listeners {all:?}"
+        );
+    }
 }

@@ -219,6 +219,45 @@ fn bad_flags_give_a_clear_error_not_a_panic() {
     assert_eq!(o[0].status.code(), Some(1));
 }
 
+/// A flag the trainer does not know, or a value that does not parse, is a
+/// usage error: exit 2 (one of `permanentExitCodes`' defaults, so the
+/// operator does not restart a gang that can never start).
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value, phrase) in [
+        (
+            "--no-such-flag",
+            "1",
+            "unexpected argument '--no-such-flag'",
+        ),
+        (
+            "--max-steps",
+            "many",
+            "invalid value 'many' for '--max-steps",
+        ),
+        (
+            "--rendezvous-timeout-secs",
+            "18446744073709551615",
+            "invalid value '18446744073709551615' for '--rendezvous-timeout-secs",
+        ),
+    ] {
+        let mut a = small(dir.path());
+        if a.iter().any(|x| x == flag) {
+            set_flag(&mut a, flag, value);
+        } else {
+            a.extend(args(&[flag, value]));
+        }
+        let o = wait_all(
+            vec![rank_cmd(0, 1, free_port(), &a).spawn().unwrap()],
+            Duration::from_secs(30),
+        );
+        let err = String::from_utf8_lossy(&o[0].stderr);
+        assert_eq!(o[0].status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(phrase), "{flag}: {err}");
+    }
+}
+
 /// A panic inside libtorch's bindings (here an allocation of petabytes
 /// for the model's first layer) is one `error: rank r:` line and exit 1,
 /// like every other error — not a Rust backtrace and exit 101.

@@ -181,10 +181,50 @@ fn a_resumed_run_matches_pytorch() {
     let outs = run_ok(2, &a);
     let err = String::from_utf8_lossy(&outs[0].stderr);
     assert!(err.contains("resuming from checkpoint at step 14"), "{err}");
+    // The log (appended to by both runs) holds every step once: the second
+    // run went on from step 14 instead of training from the start again,
+    // which would end on the same parameters.
+    let logged: Vec<u64> = steps(&log_records(&out, 0))
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(logged.len() as u64, STEPS, "{logged:?}");
+    assert!(logged.windows(2).all(|w| w[0] < w[1]), "{logged:?}");
     let got = load_weights(&out.join("model.safetensors"));
     let d = max_abs_diff(&want, &got);
     eprintln!("torchscript, resumed at step 14 vs PyTorch: max |Δparam| = {d:e}");
     assert!(d <= 1e-5, "max |Δparam| = {d:e}");
+
+    // Another module (the same architecture, other initial weights) never
+    // resumes these checkpoints: its file's digest is in the fingerprint.
+    let other = dir.path().join("other.pt");
+    let scripts = Path::new(SCRIPT).parent().expect("scripts dir");
+    py(&[
+        "-c".into(),
+        format!(
+            "import sys, torch; sys.path.insert(0, {:?}); import torchscript_reference as r; \
+             torch.manual_seed(8); torch.jit.script(r.Net()).save({:?})",
+            scripts.display().to_string(),
+            other.display().to_string()
+        ),
+    ]);
+    let out2 = dir.path().join("out-other");
+    let mut b = trainer_args(&data, &out2, 3);
+    set_flag(&mut b, "--model-file", &other.display().to_string());
+    b.extend(path_arg("--plan-file", &plan));
+    b.extend(path_arg("--checkpoint-dir", &ckpt));
+    b.extend(args(&["--resume", "auto"]));
+    let outs = run_ok(2, &b);
+    let err = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err.contains("skipping checkpoint at step") && err.contains("model file"),
+        "{err}"
+    );
+    let first: Vec<u64> = steps(&log_records(&out2, 0))
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(first.len(), 3, "trained from the start: {first:?}");
 }
 
 /// Run one rank and return (exit code, stderr).
@@ -276,4 +316,60 @@ fn the_own_model_example_exports_and_trains() {
         .expect("an evaluation");
     assert!(acc >= 0.85, "eval accuracy {acc} after 2 epochs");
     assert!(out.join("model.pt").is_file());
+}
+
+/// The module trains in `train` mode and is evaluated in `eval` mode: a
+/// module whose logits change sign outside training (argmax becomes argmin)
+/// evaluates far below chance, while the same module trained and evaluated
+/// without the flip does well.
+#[test]
+fn the_module_trains_in_train_mode_and_evaluates_in_eval_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    make(&data);
+    let scripts = Path::new(SCRIPT).parent().expect("scripts dir");
+    let accuracy = |flip: bool| -> f64 {
+        let file = dir.path().join(format!("wrapped-{flip}.pt"));
+        // A file, not `-c`: TorchScript reads the class's source.
+        let maker = dir.path().join(format!("wrapped-{flip}.py"));
+        std::fs::write(
+            &maker,
+            format!(
+                "import sys, torch; sys.path.insert(0, {:?}); import torchscript_reference as r\n\
+                 class Wrapped(torch.nn.Module):\n\
+                 \x20   def __init__(self):\n\
+                 \x20       super().__init__()\n\
+                 \x20       self.net = r.Net()\n\
+                 \x20   def forward(self, x: torch.Tensor) -> torch.Tensor:\n\
+                 \x20       y = self.net(x)\n\
+                 \x20       if self.training or not {}:\n\
+                 \x20           return y\n\
+                 \x20       return -y\n\
+                 torch.manual_seed(7)\n\
+                 torch.jit.script(Wrapped()).save({:?})\n",
+                scripts.display().to_string(),
+                if flip { "True" } else { "False" },
+                file.display().to_string()
+            ),
+        )
+        .expect("write the module's maker");
+        py(&[maker.display().to_string()]);
+        let out = dir.path().join(format!("out-{flip}"));
+        let mut a = trainer_args(&data, &out, 36);
+        set_flag(&mut a, "--model-file", &file.display().to_string());
+        run_ok(1, &a);
+        log_records(&out, 0)
+            .iter()
+            .filter(|r| r["event"] == "eval")
+            .filter_map(|r| r["eval_accuracy"].as_f64())
+            .next_back()
+            .expect("an evaluation")
+    };
+    let (plain, flipped) = (accuracy(false), accuracy(true));
+    eprintln!("eval accuracy: plain {plain}, logits flipped outside training {flipped}");
+    assert!(plain > 0.5, "the plain module did not learn: {plain}");
+    assert!(
+        flipped < 0.2,
+        "evaluated in train mode? {flipped} (plain {plain})"
+    );
 }

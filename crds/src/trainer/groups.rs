@@ -168,11 +168,11 @@ pub struct DistArgs {
     /// Intra-op threads for this rank (0: libtorch's default).
     #[arg(long, default_value_t = 0, env = env::THREADS)]
     pub threads: usize,
-    /// Seconds to wait for all ranks to join.
-    #[arg(long, default_value_t = 300)]
+    /// Seconds to wait for all ranks to join (1 to 604800, a week).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub rendezvous_timeout_secs: u64,
-    /// Seconds a collective may take before the run fails.
-    #[arg(long, default_value_t = 300)]
+    /// Seconds a collective may take before the run fails (1 to 604800).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub collective_timeout_secs: u64,
     /// Gradient bucket size in MiB: PyTorch's Reducer all-reduces each
     /// bucket as soon as its gradients are ready during backward (the first

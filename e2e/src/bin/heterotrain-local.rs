@@ -37,8 +37,8 @@ struct Cli {
 enum Cmd {
     /// Start the control plane in the background (no-op when it already runs).
     Up {
-        /// Seconds to wait for the control plane to become ready.
-        #[arg(long, default_value_t = 180)]
+        /// Seconds to wait for the control plane to become ready (1 to 86400).
+        #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..=86_400))]
         timeout: u64,
         #[command(flatten)]
         stack: Stack,

@@ -337,7 +337,23 @@ pub fn validate(
             ),
         );
     }
-    if let (Some(h), Some(heads)) = (spec.model.hidden, spec.model.heads) {
+    // The schema's minimums, again here: a spec may reach validation
+    // without the API server's schema (a dry run, a CRD installed by hand).
+    for (field, value, min) in [
+        ("spec.model.hidden", spec.model.hidden, 1),
+        ("spec.model.layers", spec.model.layers, 1),
+        ("spec.model.heads", spec.model.heads, 1),
+        ("spec.model.context", spec.model.context, 1),
+        ("spec.model.vocab", spec.model.vocab, 2),
+    ] {
+        if let Some(v) = value.filter(|&v| v < min) {
+            bad(
+                field,
+                format!("{v} is below the smallest allowed value, {min}"),
+            );
+        }
+    }
+    if let (Some(h), Some(heads)) = (spec.model.hidden, spec.model.heads.filter(|&n| n > 0)) {
         if text_model && h % heads != 0 {
             bad(
                 "spec.model.heads",

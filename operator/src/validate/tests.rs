@@ -566,3 +566,47 @@ fn service_accounts_and_images_are_what_the_operator_allows() {
         none
     );
 }
+
+#[test]
+fn model_sizes_below_the_schemas_minimums_are_refused_without_panicking() {
+    // The API server's schema refuses these; validation must too (a spec
+    // can reach it without the schema), and 0 heads must not divide.
+    for (patch, field) in [
+        (
+            serde_json::json!({"name": "gpt", "hidden": 64, "heads": 0}),
+            "spec.model.heads",
+        ),
+        (
+            serde_json::json!({"name": "mlp", "hidden": 0}),
+            "spec.model.hidden",
+        ),
+        (
+            serde_json::json!({"name": "gpt", "layers": 0}),
+            "spec.model.layers",
+        ),
+        (
+            serde_json::json!({"name": "gpt", "context": 0}),
+            "spec.model.context",
+        ),
+        (
+            serde_json::json!({"name": "gpt", "vocab": 1}),
+            "spec.model.vocab",
+        ),
+    ] {
+        let mut v = base();
+        merge(
+            &mut v["spec"],
+            &serde_json::json!({"model": patch, "dataset": {"name": "tokens", "claimName": "text"}}),
+        );
+        if patch["name"] == "mlp" {
+            v["spec"]["dataset"] = serde_json::json!({"name": "synthetic_image"});
+        }
+        let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+        let problems = validate("job", &job.spec, None).expect_err(field);
+        let text = summary(&problems);
+        assert!(
+            text.contains(field) && text.contains("below the smallest allowed value"),
+            "{field}: {text}"
+        );
+    }
+}

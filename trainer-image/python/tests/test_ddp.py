@@ -153,9 +153,7 @@ class HeteroDDPTest(unittest.TestCase):
             self.assertNotIn("_created", m)
 
     def test_promtool_accepts_live_metrics(self):
-        tool = promtool()
-        if tool is None:
-            self.skipTest("promtool not found (on PATH or under $HETEROTRAIN_CACHE): run `make setup`")
+        self.assertIsNotNone(promtool(), "promtool not found (on PATH or under $HETEROTRAIN_CACHE): run `make setup`")
         for r in range(WORLD):
             code, out = promtool_check(read(os.path.join(self.out, f"metrics{r}.txt")))
             self.assertEqual(code, 0, f"rank {r}: promtool check metrics:\n{out}")

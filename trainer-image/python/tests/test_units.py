@@ -181,8 +181,7 @@ class MetricsTest(unittest.TestCase):
         self.assertRegex(text, r'heterotrain_plan_rejected_total\{reason="parse"\} 1\.0\n')
         self.assertNotIn("_created", text)
         self.assertIsNone(re.search(r"^heterotrain_samples ", text, re.M))
-        if promtool() is None:
-            self.skipTest("promtool not found (on PATH or under $HETEROTRAIN_CACHE): run `make setup`")
+        self.assertIsNotNone(promtool(), "promtool not found (on PATH or under $HETEROTRAIN_CACHE): run `make setup`")
         code, out = promtool_check(text)
         self.assertEqual(code, 0, out)
 

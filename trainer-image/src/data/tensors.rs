@@ -55,6 +55,11 @@ fn read(path: &Path) -> Result<(Tensor, Tensor)> {
             "x must be [N, ...] and y [N], found x {xs:?} and y {ys:?}"
         )));
     }
+    if xs.len() < 2 || xs[1..].contains(&0) {
+        return Err(bad(format!(
+            "x must be [N, ...] with samples of at least one dimension, none of size 0; found x {xs:?}"
+        )));
+    }
     if xs[0] != ys[0] {
         return Err(bad(format!(
             "x has {} samples but y has {} labels",
@@ -66,6 +71,11 @@ fn read(path: &Path) -> Result<(Tensor, Tensor)> {
     }
     Ok((x.to_kind(Kind::Float).contiguous(), y.contiguous()))
 }
+
+/// Most classes a dataset may have (the output layer has one unit each):
+/// a stray huge class id would otherwise ask for a layer that cannot be
+/// allocated.
+pub const MAX_CLASSES: i64 = 1 << 20;
 
 /// Load `train.safetensors` and optional `eval.safetensors` from `dir`.
 pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
@@ -113,6 +123,13 @@ pub fn load(dir: &Path, eval_fraction: f64) -> Result<Dataset> {
         return Err(TrainerError::Data(format!(
             "{}: y has a single class; classification needs at least 2",
             train.display()
+        )));
+    }
+    if classes > MAX_CLASSES {
+        return Err(TrainerError::Data(format!(
+            "{}: the largest class id in y is {}; at most {MAX_CLASSES} classes are supported (class ids must run from 0)",
+            train.display(),
+            classes - 1
         )));
     }
     let shape = DataShape::Tensors { sample, classes };
@@ -195,6 +212,18 @@ mod tests {
             (
                 vec![("x", x.shallow_clone()), ("y", &y - 1)],
                 "negative class id",
+            ),
+            (
+                vec![("x", x.select(1, 0).contiguous()), ("y", y.shallow_clone())],
+                "samples of at least one dimension",
+            ),
+            (
+                vec![("x", x.narrow(1, 0, 0)), ("y", y.shallow_clone())],
+                "none of size 0",
+            ),
+            (
+                vec![("x", x.shallow_clone()), ("y", &y * MAX_CLASSES)],
+                "at most 1048576 classes",
             ),
         ];
         for (tensors, phrase) in cases {
