@@ -94,7 +94,9 @@ pub struct JobBalancer {
     policy: Policy,
     window: usize,
     profiles: Vec<Option<RankProfile>>,
-    last_counters: Vec<Option<(f64, f64)>>,
+    /// (plan generation, steps, compute seconds) counters at the last
+    /// sample: compute per step, within one generation.
+    last_counters: Vec<Option<StepCounters>>,
     /// (steps, communication seconds) counters at the last sample.
     last_communication: Vec<Option<(f64, f64)>>,
     /// (plan generation, steps, compute + communication seconds) counters
@@ -111,7 +113,8 @@ pub struct JobBalancer {
     profile_warned: Vec<bool>,
 }
 
-/// A rank's plan generation, steps and compute + communication seconds.
+/// A rank's plan generation, steps and seconds (compute, or compute +
+/// communication).
 type StepCounters = (Option<u64>, f64, f64);
 
 impl JobBalancer {
@@ -175,10 +178,19 @@ impl JobBalancer {
             }
             return false;
         };
-        let counters = m.steps_total.zip(m.compute_seconds_total);
+        let counters = m
+            .steps_total
+            .zip(m.compute_seconds_total)
+            .map(|(s, c)| (m.plan_generation, s, c));
         let prev = self.last_counters.get(rank).copied().flatten();
+        // Steps of two plans between two reads (a switch in between) are
+        // no sample of either: the mean would credit the new batch with
+        // the old one's steps, as after a throttle, where a rank's model
+        // then swung the split past the best one.
         let sample = match (prev, counters) {
-            (Some((s0, c0)), Some((s1, c1))) if s1 > s0 && c1 > c0 => Some((c1 - c0) / (s1 - s0)),
+            (Some((g0, s0, c0)), Some((g1, s1, c1))) if g0 == g1 && s1 > s0 && c1 > c0 => {
+                Some((c1 - c0) / (s1 - s0))
+            }
             (Some(_), Some(_)) => None,
             _ => m.last_step_compute_seconds.filter(|s| *s > 0.0),
         };
@@ -200,13 +212,13 @@ impl JobBalancer {
     }
 
     fn forget_counters(&mut self, rank: usize) {
-        for slots in [&mut self.last_counters, &mut self.last_communication] {
+        if let Some(slot) = self.last_communication.get_mut(rank) {
+            *slot = None;
+        }
+        for slots in [&mut self.last_counters, &mut self.last_step_time] {
             if let Some(slot) = slots.get_mut(rank) {
                 *slot = None;
             }
-        }
-        if let Some(slot) = self.last_step_time.get_mut(rank) {
-            *slot = None;
         }
     }
 

@@ -98,6 +98,38 @@ fn a_left_out_rank_gives_no_sample_and_its_counters_restart() {
     assert!(jb.observe(1, &metrics(8, 50.0, 4.0)));
 }
 
+/// Two reads on either side of a plan switch give no compute sample (their
+/// steps ran two batches); the next pair within the new generation does.
+#[test]
+fn compute_samples_come_from_reads_of_one_generation() {
+    let job = crate::testing::fixture("mixed.yaml");
+    let v = crate::testing::valid(&job);
+    let mut jb = JobBalancer::new(&v, 8).expect("balancer");
+    let metrics = |generation: u64, batch: u32, steps: f64, compute: f64| RankMetrics {
+        steps_total: Some(steps),
+        compute_seconds_total: Some(compute),
+        local_batch: Some(batch),
+        plan_generation: Some(generation),
+        ..RankMetrics::default()
+    };
+    assert!(!jb.observe(1, &metrics(1, 8, 10.0, 1.0)), "baseline");
+    assert!(jb.observe(1, &metrics(1, 8, 20.0, 2.0)));
+    assert!(
+        !jb.observe(1, &metrics(2, 16, 30.0, 3.5)),
+        "steps of generations 1 and 2"
+    );
+    assert!(jb.observe(1, &metrics(2, 16, 40.0, 5.5)));
+    // Without generations (a trainer that does not export them) every
+    // pair counts, as before.
+    let mut jb = JobBalancer::new(&v, 8).expect("balancer");
+    let plain = |steps: f64, compute: f64| RankMetrics {
+        plan_generation: None,
+        ..metrics(0, 8, steps, compute)
+    };
+    assert!(!jb.observe(1, &plain(10.0, 1.0)));
+    assert!(jb.observe(1, &plain(20.0, 2.0)));
+}
+
 /// The operator turns the ranks' step and communication counters into
 /// per-step communication; the least of the ranks' is what no split
 /// removes.
