@@ -34,19 +34,24 @@ struct Cli {
     /// Skip the equal-split comparison run.
     #[arg(long)]
     no_baseline: bool,
+    /// Name of the local control plane to start, reuse or stop (its state
+    /// lives under the cache by this name).
+    #[arg(long, default_value = "demo")]
+    cluster: String,
 }
 
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
     let result = if cli.down {
-        demo::down()
+        demo::down(&cli.cluster)
     } else {
         demo::run(&demo::Options {
             nodes: cli.nodes,
             job: cli.job,
             namespace: cli.namespace,
             baseline: !cli.no_baseline,
+            cluster: cli.cluster,
         })
         .await
     };

@@ -1,5 +1,6 @@
-//! The demo's control plane: `heterotrain-local --name demo`, run as the
-//! binary that sits next to `heterotrain-demo`.
+//! The demo's control plane: `heterotrain-local --name <cluster>` (`demo`
+//! unless told otherwise), run as the binary that sits next to
+//! `heterotrain-demo`.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -17,10 +18,10 @@ fn local_bin() -> Result<PathBuf> {
     }
 }
 
-/// Run `heterotrain-local --name demo <args>`; its stdout.
-pub fn local(args: &[&str]) -> Result<String> {
+/// Run `heterotrain-local --name <cluster> <args>`; its stdout.
+pub fn local(cluster: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(local_bin()?)
-        .args(["--name", "demo"])
+        .args(["--name", cluster])
         .args(args)
         .stderr(Stdio::inherit())
         .output()?;

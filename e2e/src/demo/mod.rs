@@ -31,26 +31,34 @@ pub struct Options {
     pub namespace: String,
     /// Also run the equal-split comparison.
     pub baseline: bool,
+    /// Name of the local control plane (`demo`).
+    pub cluster: String,
 }
 
-/// Stop the demo cluster.
-pub fn down() -> Result<()> {
-    local::local(&["down"]).map(|_| ())
+/// Stop the demo cluster `cluster`.
+pub fn down(cluster: &str) -> Result<()> {
+    local::local(cluster, &["down"]).map(|_| ())
 }
 
 /// Start (or reuse) the demo cluster, train the job balanced and (unless
 /// told not to) with the equal split, and print the comparison.
 pub async fn run(opts: &Options) -> Result<()> {
     let t0 = Instant::now();
-    println!("==> starting the local control plane `demo` with simulated nodes and the operator");
-    let env = local::local(&[
-        "up",
-        "--nodes",
-        &opts.nodes.display().to_string(),
-        "--operator",
-        "--operator-arg=--scrape-interval=1",
-        "--operator-arg=--rebalance-interval=4",
-    ])?;
+    println!(
+        "==> starting the local control plane `{}` with simulated nodes and the operator",
+        opts.cluster
+    );
+    let env = local::local(
+        &opts.cluster,
+        &[
+            "up",
+            "--nodes",
+            &opts.nodes.display().to_string(),
+            "--operator",
+            "--operator-arg=--scrape-interval=1",
+            "--operator-arg=--rebalance-interval=4",
+        ],
+    )?;
     let kubeconfig = env
         .lines()
         .find_map(|l| l.strip_prefix("export KUBECONFIG="))
@@ -91,6 +99,11 @@ pub async fn run(opts: &Options) -> Result<()> {
         equal = Some(run::run_job(&client, &state_dir, ns, twin, "equal split").await?);
     }
     summary::print(&job, &balanced, equal.as_ref(), t0);
-    println!("\nThe cluster is still up. Explore it with:\n  export KUBECONFIG={kubeconfig}\n  kubectl get htj,pods -n {ns} -o wide\nStop it with: make demo-down");
+    let stop = if opts.cluster == "demo" {
+        "make demo-down".to_string()
+    } else {
+        format!("heterotrain-demo --cluster {} --down", opts.cluster)
+    };
+    println!("\nThe cluster is still up. Explore it with:\n  export KUBECONFIG={kubeconfig}\n  kubectl get htj,pods -n {ns} -o wide\nStop it with: {stop}");
     Ok(())
 }

@@ -103,6 +103,10 @@ impl Balancer {
             measured::window_step(&self.ranks, self.measured.plan.as_deref(), c, needed)
         });
         out.measured_step_seconds = measured.unwrap_or(0.0);
+        let previous_window = std::mem::replace(
+            &mut self.measured.last_window,
+            cur.zip(measured).map(|(c, w)| (c.to_vec(), w)),
+        );
         let review = match cur {
             Some(c) if live => measured::review(
                 &mut self.ranks,
@@ -155,11 +159,7 @@ impl Balancer {
         let mut predicted = max_step(predict_models, &plan);
         out.predicted_step_seconds = predicted;
         let held_note = quota_note(&quota_held, &plan, &bounds.upper, predict_models, predicted);
-        if self.measured.note.is_empty() {
-            self.measured.note = held_note;
-        } else {
-            push_note(&mut self.measured.note, &held_note);
-        }
+        self.measured.add_note(&held_note);
         let Some(cur) = cur else {
             out.reason = format!(
                 "{}: new plan because {}{}",
@@ -220,12 +220,7 @@ impl Balancer {
             .filter(|_| quiet && no_new_out && no_open)
             .and_then(|_| measured::compute_outrun(&self.ranks, predict_models, cur, margin));
         if let Some(o) = outrun {
-            let note = measured::outrun_note(o, margin);
-            if self.measured.note.is_empty() {
-                self.measured.note = note;
-            } else {
-                push_note(&mut self.measured.note, &note);
-            }
+            self.measured.add_note(&measured::outrun_note(o, margin));
         }
         if let (Some(w), true) = (measured, quiet && no_new_out && no_open && outrun.is_none()) {
             let mut kept_out = bounds.clone();
@@ -238,9 +233,19 @@ impl Balancer {
                 global: cfg.global_batch_size,
             };
             let (pred, m) = (current_pred, margin);
-            if let Some(t) =
-                measured::trial_start(&self.ranks, &models, &kept_out, cur, &eligible, w, pred, m)
-            {
+            let start =
+                measured::trial_start(&self.ranks, &models, &kept_out, cur, &eligible, w, pred, m);
+            // And only on an excess seen over two intervals in a row.
+            let start =
+                match start.map(|t| (measured::steady(previous_window.as_ref(), cur, w, m), t)) {
+                    Some((Err(why), t)) => {
+                        self.measured
+                            .add_note(&measured::unsteady_note(t.rank, w, why, m));
+                        None
+                    }
+                    other => other.map(|(_, t)| t),
+                };
+            if let Some(t) = start {
                 let why = measured::trial_reason(&t, cur, w, pred, m);
                 out.reason = format!("{}: {why}", cfg.policy);
                 self.measured.trial = Some(Trial {

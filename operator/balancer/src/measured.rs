@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use crate::config::MAX_READMIT_FACTOR;
 use crate::model::median;
 use crate::rank::{Presence, RankState};
-use crate::rules::Bounds;
+use crate::rules::{push_note, Bounds};
 use crate::split::{max_step, optimal_split_bounded};
 use crate::subset::{secs, trial_samples_needed};
 use crate::{BalancerConfig, StepModel};
@@ -96,6 +96,9 @@ pub(crate) struct Measured {
     pub trial: Option<Trial>,
     /// Reason text for the decision being made (appended when it finishes).
     pub note: String,
+    /// The plan and step measured over the interval before this decision's
+    /// (a trial needs its excess in two intervals in a row, [`steady`]).
+    pub last_window: Option<(Vec<u32>, f64)>,
     /// Decisions before any rank may be on a leave-out trial again: after a
     /// lost trial, `readmitAfterDecisions` (so that noise among equally
     /// slow ranks cannot run one trial after another).
@@ -326,6 +329,57 @@ pub(crate) fn outrun_note((rank, measured, predicted): (usize, f64, f64), margin
         measured / predicted,
         secs(predicted)
     )
+}
+
+impl Measured {
+    /// Append `note` to the decision's measured-step notes.
+    pub fn add_note(&mut self, note: &str) {
+        if self.note.is_empty() {
+            self.note = note.to_string();
+        } else {
+            push_note(&mut self.note, note);
+        }
+    }
+}
+
+/// Whether the step `w` measured over the interval that ran `current` is
+/// within `margin`% of the step measured over the interval before it, at
+/// the same plan (`previous`). A slowdown that began within this interval
+/// (a throttle, a busy neighbour) moves the step before the models catch
+/// up; only an excess seen twice in a row is the steady cost a leave-out
+/// trial tests. `Err` says why not: no previous interval at this plan
+/// (`None`), or the step it measured.
+pub(crate) fn steady(
+    previous: Option<&(Vec<u32>, f64)>,
+    current: &[u32],
+    w: f64,
+    margin: u32,
+) -> Result<(), Option<f64>> {
+    match previous {
+        Some((plan, before)) if plan.as_slice() == current => {
+            if (w - before).abs() <= f64::from(margin.min(100)) / 100.0 * before {
+                Ok(())
+            } else {
+                Err(Some(*before))
+            }
+        }
+        _ => Err(None),
+    }
+}
+
+/// The note for a trial of `rank` held back by [`steady`].
+pub(crate) fn unsteady_note(rank: usize, w: f64, why: Option<f64>, margin: u32) -> String {
+    match why {
+        None => format!(
+            "leave-out trial of rank {rank} waits for a second interval at this plan (the step measured over this one, {}, is the first)",
+            secs(w)
+        ),
+        Some(before) => format!(
+            "leave-out trial of rank {rank} waits: the step measured over this interval, {}, moved more than leaveOutMarginPercent {margin}% from the {} of the interval before at the same plan",
+            secs(w),
+            secs(before)
+        ),
+    }
 }
 
 /// A leave-out trial to start: its rank, plan and predicted compute step.

@@ -64,7 +64,7 @@ fn trial_rounds(rounds: &[(Decision, Vec<u32>)]) -> Vec<usize> {
 #[test]
 fn a_rank_whose_presence_stalls_the_step_is_left_out_after_a_trial() {
     let mut bal = profiled(with_readmit(Policy::Dynamic, 20), &truth());
-    let rounds = run(&mut bal, 6, &stalled_by_rank_3);
+    let rounds = run(&mut bal, 7, &stalled_by_rank_3);
     // 1: the compute models keep rank 3 in with a small batch.
     let (d, p) = &rounds[0];
     assert!(p[3] >= 1 && p[3] < 30, "{p:?}: {}", d.reason);
@@ -72,8 +72,18 @@ fn a_rank_whose_presence_stalls_the_step_is_left_out_after_a_trial() {
         d.measured_step_seconds, 0.0,
         "the equal split was not decided here"
     );
-    // 2: the step measured with it is far above the predicted compute step.
+    // 2: the first interval at that plan: the excess must show twice.
     let (d, p) = &rounds[1];
+    assert_eq!(p, &rounds[0].1, "{}", d.reason);
+    assert!(
+        d.reason
+            .contains("leave-out trial of rank 3 waits for a second interval at this plan"),
+        "{}",
+        d.reason
+    );
+    // 3: the step measured with it is far above the predicted compute
+    // step, again.
+    let (d, p) = &rounds[2];
     assert!(d.measured_step_seconds > 0.3, "{d:?}");
     assert!(d.measured_step_seconds > 5.0 * d.current_predicted_step_seconds);
     assert_eq!(p, &vec![40, 40, 40, 0], "{}", d.reason);
@@ -84,8 +94,8 @@ fn a_rank_whose_presence_stalls_the_step_is_left_out_after_a_trial() {
         "{}",
         d.reason
     );
-    // 3: measured without it, 0.05 s: it stays out.
-    let (d, p) = &rounds[2];
+    // 4: measured without it, 0.05 s: it stays out.
+    let (d, p) = &rounds[3];
     assert_eq!(p, &vec![40, 40, 40, 0], "{}", d.reason);
     assert_eq!(d.left_out, vec![3]);
     assert!(
@@ -93,7 +103,7 @@ fn a_rank_whose_presence_stalls_the_step_is_left_out_after_a_trial() {
         "{}",
         d.reason
     );
-    for (d, p) in &rounds[3..] {
+    for (d, p) in &rounds[4..] {
         assert_eq!(p[3], 0, "{}", d.reason);
         assert!(d.plan.is_none(), "{}", d.reason);
         assert!(d.reason.contains("left out: rank 3"), "{}", d.reason);
@@ -122,11 +132,12 @@ fn a_trial_that_measures_worse_brings_the_rank_back_and_waits_out_a_doubling_bac
     let mut bal = profiled(with_readmit(Policy::Hybrid, 3), &truth());
     let rounds = run(&mut bal, 16, &slow_exchange);
     let trials = trial_rounds(&rounds);
-    // Trials at 1, then 3 decisions after the loss (1 + 1 + 3 = 5), then 6
-    // (5 + 1 + 6 = 12): the back-off doubles.
+    // Trials at 2 (the excess measured over two intervals), then 3
+    // decisions after the loss (2 + 1 + 3 = 6), then 6 (6 + 1 + 6 = 13):
+    // the back-off doubles.
     assert_eq!(
         trials,
-        vec![1, 5, 12],
+        vec![2, 6, 13],
         "{:#?}",
         rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>()
     );
@@ -143,11 +154,11 @@ fn a_trial_that_measures_worse_brings_the_rank_back_and_waits_out_a_doubling_bac
             d.reason
         );
     }
-    assert!(rounds[2]
+    assert!(rounds[3]
         .0
         .reason
         .contains("no new trial for it before 3 decisions"));
-    assert!(rounds[6]
+    assert!(rounds[7]
         .0
         .reason
         .contains("no new trial for it before 6 decisions"));
@@ -175,17 +186,17 @@ fn a_rank_whose_presence_measures_cheaper_is_never_left_out() {
 fn a_rank_left_out_on_measurement_is_measured_again_and_stays_in_once_it_is_cheap() {
     let mut bal = profiled(with_readmit(Policy::Dynamic, 3), &truth());
     let rounds = run(&mut bal, 8, &stalled_by_rank_3);
-    // Out at 1 (trial) and 2 (verdict); back for measurement after 3
-    // decisions out (at 4), out again at 5 with the wait doubled.
+    // Out at 2 (trial) and 3 (verdict); back for measurement after 3
+    // decisions out (at 5), out again at 6 with the wait doubled.
     let outs: Vec<bool> = rounds.iter().map(|(_, p)| p[3] == 0).collect();
-    assert_eq!(outs, [false, true, true, true, false, true, true, true]);
-    let d = &rounds[4].0;
+    assert_eq!(outs, [false, false, true, true, true, false, true, true]);
+    let d = &rounds[5].0;
     assert!(
         d.reason.contains("rank 3 re-admitted with batch"),
         "{}",
         d.reason
     );
-    let d = &rounds[5].0;
+    let d = &rounds[6].0;
     assert!(
         d.reason
             .contains("rank 3 left out again: the step measured with it, 0.3")
@@ -467,4 +478,32 @@ fn a_slowdown_the_models_have_not_caught_up_with_starts_no_trial() {
         plan[1] > settled[1] + 10,
         "{plan:?} after {settled:?}: {reasons:#?}"
     );
+}
+
+/// A step that moved since the interval before (at the same plan) starts no
+/// trial: the excess must hold over two intervals in a row. Here rank 3's
+/// share of the exchange turns slow mid-run: one decision notes the jump,
+/// the next tries it.
+#[test]
+fn a_step_that_just_moved_waits_an_interval_before_a_trial() {
+    let mut bal = profiled(with_readmit(Policy::Dynamic, 20), &truth());
+    let healthy = run(&mut bal, 4, &|_: &[u32]| 0.01);
+    let mut plan = healthy.last().expect("rounds").1.clone();
+    assert!(plan[3] >= 1, "{plan:?}");
+    let mut reasons = Vec::new();
+    for _ in 0..2 {
+        feed_measured(&mut bal, &plan, &truth(), 20, &stalled_by_rank_3);
+        let d = bal.decide(&plan).expect("decide");
+        plan = d.batches_or(&plan).to_vec();
+        reasons.push((d.reason, plan.clone()));
+    }
+    let (why, p) = &reasons[0];
+    assert!(p[3] >= 1, "{why}");
+    assert!(
+        why.contains("leave-out trial of rank 3 waits: the step measured over this interval, 0.354 s, moved more than leaveOutMarginPercent 10% from the 0.0540 s of the interval before at the same plan"),
+        "{why}"
+    );
+    let (why, p) = &reasons[1];
+    assert_eq!(p[3], 0, "{why}");
+    assert!(why.contains("leave-out trial: rank 3"), "{why}");
 }
