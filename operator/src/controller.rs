@@ -170,7 +170,10 @@ async fn run_scope(
 /// Run the operator: wait for the CRD, then reconcile while holding the
 /// leader Lease, until `shutdown` resolves (`Ok`) or the Lease is lost
 /// ([`Error::LeaseLost`]: the controller is aborted at once, so nothing more
-/// is written, and the binary exits non-zero to be restarted as a standby).
+/// is written, and the binary exits non-zero to be restarted as a standby),
+/// or the controller itself ends while leading ([`Error::ControllerStopped`]:
+/// the Lease is released and the binary exits non-zero, rather than hold
+/// the Lease with nothing reconciling).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -200,10 +203,29 @@ pub async fn run(
             }
         }
     };
-    let ctl = tokio::spawn(
+    let mut ctl = tokio::spawn(
         run_controller(ctx.clone(), ctl_stop).instrument(tracing::info_span!("controller")),
     );
-    let end = elector.keep_leading(stop_rx, lost_tx, &ctx.lease).await;
+    let leading = elector.keep_leading(stop_rx.clone(), lost_tx, &ctx.lease);
+    tokio::pin!(leading);
+    let (end, ctl_done) = tokio::select! {
+        end = &mut leading => (Some(end), None),
+        done = &mut ctl => (None, Some(done)),
+    };
+    // The controller ended first: on a stop or a lost Lease (both end it)
+    // the Lease loop says which; otherwise it died while leading.
+    let (end, died) = match (end, &ctl_done) {
+        (Some(end), _) => (end, None),
+        (None, _) if *stop_rx.borrow() || *lost_rx.borrow() => (leading.await, None),
+        (None, done) => {
+            let why = match done {
+                Some(Err(e)) if e.is_panic() => format!("it panicked: {e}"),
+                Some(Err(e)) => e.to_string(),
+                _ => "it returned".to_string(),
+            };
+            (LeaseEnd::Stopped, Some(why))
+        }
+    };
     let lost = match end {
         LeaseEnd::Lost(why) => {
             // Stop writing now: no graceful drain of in-flight reconciles.
@@ -211,7 +233,9 @@ pub async fn run(
             Some(why)
         }
         LeaseEnd::Stopped => {
-            let _ = ctl.await;
+            if ctl_done.is_none() {
+                let _ = ctl.await;
+            }
             None
         }
     };
@@ -220,8 +244,8 @@ pub async fn run(
     ctx.rebalancer.clear();
     ctx.collector.clear();
     ctx.children.clear();
-    match lost {
-        Some(why) => {
+    match (lost, died) {
+        (Some(why), _) => {
             error!(
                 identity = %ctx.config.identity,
                 reason = %why,
@@ -229,7 +253,16 @@ pub async fn run(
             );
             Err(Error::LeaseLost(why))
         }
-        None => {
+        (None, Some(why)) => {
+            error!(
+                identity = %ctx.config.identity,
+                reason = %why,
+                "the controller stopped while leading; releasing the Lease and exiting so that the Deployment restarts this replica"
+            );
+            elector.release().await;
+            Err(Error::ControllerStopped(why))
+        }
+        (None, None) => {
             elector.release().await;
             Ok(())
         }

@@ -47,6 +47,11 @@ pub enum Error {
     /// This replica lost the leader Lease (the process exits to be restarted).
     #[error("lost the leader Lease: {0}")]
     LeaseLost(String),
+    /// The controller ended while this replica still led (a panic in a
+    /// reconcile, say): the process exits to be restarted, and the Lease
+    /// is released so that another replica takes over at once.
+    #[error("the controller stopped while leading: {0}")]
+    ControllerStopped(String),
     /// The watch caches of the jobs' pods and ConfigMaps have not finished
     /// their first list (retried).
     #[error("the watch caches of pods and ConfigMaps are not filled yet ({0})")]
@@ -74,6 +79,7 @@ impl Error {
             Error::Scrape { .. } => "scrape",
             Error::ScrapeTooLarge { .. } => "scrape_too_large",
             Error::LeaseLost(_) => "lease_lost",
+            Error::ControllerStopped(_) => "controller_stopped",
             Error::CacheNotReady(_) => "cache_not_ready",
             Error::CrdMissing => "crd_missing",
         }
