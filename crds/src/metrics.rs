@@ -29,11 +29,29 @@ pub const LAST_STEP_COMPUTE_SECONDS: &str = "heterotrain_last_step_compute_secon
 /// slowest rank *that step*, so a rank whose compute jumps (a CPU quota's
 /// next period, a shared device) holds the others up more often than its
 /// mean shows; the live policies plan with it.
+///
+/// The figure is jitter around one level, not a change of level: the
+/// newest [`SPREAD_LEVEL_STEPS`] − 1 steps enter it only once the step
+/// after them confirms they are not a new level, and when the median of
+/// the newest [`SPREAD_LEVEL_STEPS`] steps is more than
+/// [`SPREAD_LEVEL_SHIFT`]× away from the median of the older ones (the
+/// device was throttled, or freed), the older steps are dropped and the
+/// last figure stands until the new level has [`SPREAD_MIN_STEPS`] steps.
+/// Without this a slowdown's first steps read as a tail as long as the
+/// slowdown itself.
 pub const COMPUTE_SPREAD_SECONDS: &str = "heterotrain_compute_spread_seconds";
 /// Steps behind [`COMPUTE_SPREAD_SECONDS`].
 pub const SPREAD_WINDOW: usize = 32;
-/// Steps at one batch before [`COMPUTE_SPREAD_SECONDS`] is reported.
+/// Steps at one batch (and one level) before [`COMPUTE_SPREAD_SECONDS`] is reported.
 pub const SPREAD_MIN_STEPS: usize = 8;
+/// Newest steps whose median is compared with the older ones' to find a
+/// new level of compute (see [`COMPUTE_SPREAD_SECONDS`]).
+pub const SPREAD_LEVEL_STEPS: usize = 4;
+/// How far (a factor, either way) the newest steps' median must be from
+/// the older ones' to count as a new level. Well above a CPU quota's
+/// jitter: a 0.15-core rank's compute ranged 2.4× from its 10th to its
+/// 90th percentile, and a median of four such steps moves much less.
+pub const SPREAD_LEVEL_SHIFT: f64 = 2.0;
 /// Gauge: current local batch size.
 pub const LOCAL_BATCH_SIZE: &str = "heterotrain_local_batch_size";
 /// Gauge: generation of the plan in use.

@@ -374,9 +374,12 @@ mod tests {
         // A new batch: the last figure stands until it has steps enough.
         i.record(12, 0.45, 0.6, true);
         assert!((i.report().spread_seconds - 0.2).abs() < 1e-12);
-        for _ in 0..8 {
+        // Eight steps, confirmed by three more.
+        for _ in 0..9 {
             i.record(12, 0.45, 0.6, true);
         }
+        assert!((i.report().spread_seconds - 0.2).abs() < 1e-12);
+        i.record(12, 0.45, 0.6, true);
         assert_eq!(i.report().spread_seconds, 0.0);
     }
 

@@ -127,6 +127,11 @@ impl Balancer {
         {
             r.refits_since_decision += 1;
             r.profile_trusted = false;
+            // A new level of compute: the spread seen while it set in (its
+            // first slow steps against the old ones) is no jitter of the new
+            // level, and falling slowly it would hold the rank's share down
+            // for many decisions. The next figure starts it afresh.
+            r.spread = None;
         }
         if let Some(n) = r.trial_samples.as_mut() {
             *n = n.saturating_add(1);

@@ -70,6 +70,49 @@ fn the_spread_counts_as_the_expected_slowest_of_n_ranks() {
 }
 
 #[test]
+fn a_slowdown_leaves_no_spread_behind() {
+    // Two ranks at 64 samples, 2 ms a sample. Rank 0 slows 2.5× (a CPU
+    // quota cut): while the slowdown sets in its steps read as a long tail
+    // (a spread of 130 ms), then its live model re-fits at the new level.
+    let mut bal = Balancer::new(
+        BalancerConfig {
+            policy: Policy::Dynamic,
+            global_batch_size: 128,
+            ..BalancerConfig::default()
+        },
+        2,
+    )
+    .expect("valid config");
+    let plan = [64, 64];
+    feed(&mut bal, &plan, &[0.002, 0.002], 20);
+    assert!(bal.decide(&plan).expect("decide").plan.is_none());
+    bal.observe_compute_spread(0, 0.130).expect("valid spread");
+    // Three steps off the model by more than the straggler factor: re-fit.
+    feed(&mut bal, &plan, &[0.005, 0.002], 3);
+    let d = bal.decide(&plan).expect("decide");
+    // The split of the two rates alone: [36, 92], a step of 0.184 s (at
+    // [37, 91] rank 0 would take 0.185 s). With the transition's spread
+    // still counted (0.44 × 130 ms, falling 5% a reading) rank 0 would get
+    // fewer.
+    assert_eq!(plan_of(&d), vec![36, 92], "{}", d.reason);
+    assert!((d.predicted_step_seconds - 0.184).abs() < 1e-9, "{d:?}");
+    assert!(d.reason.contains("re-fitted fast: ranks 0"), "{}", d.reason);
+    // The next figure, the new level's own jitter, counts at once (not
+    // half of it, as a rise from the old one would).
+    let plan = [36, 92];
+    feed(&mut bal, &plan, &[0.005, 0.002], 20);
+    bal.observe_compute_spread(0, 0.020).expect("valid spread");
+    let d = bal.decide(&plan).expect("decide");
+    // Rank 0 is planned at 0.44 × 20 ms over its 0.18 s (falling from the
+    // transition's 130 ms it would still count 0.44 × 124.5 ms).
+    let want = 36.0 * 0.005 + spread_weight(2) * 0.020;
+    assert!(
+        (d.current_predicted_step_seconds - want).abs() < 1e-9,
+        "{d:?}"
+    );
+}
+
+#[test]
 fn a_rank_whose_compute_jumps_is_planned_nearer_its_slow_steps() {
     // Four equal ranks at 32 samples: 64 ms of compute each.
     let c = [0.002; 4];

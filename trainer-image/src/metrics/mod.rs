@@ -89,9 +89,13 @@ impl Spread {
     /// One step's compute at `batch`: the 90th percentile minus the median
     /// of the window, once it holds enough steps at this batch (a new
     /// batch starts it afresh; a step without samples or a time that is
-    /// not finite is left out).
+    /// not finite is left out). The newest steps count once a later one
+    /// confirms their level; a new level starts the window afresh (see
+    /// [`heterotrain_crds::metrics::COMPUTE_SPREAD_SECONDS`]).
     pub(crate) fn push(&mut self, batch: u32, seconds: f64) -> Option<f64> {
-        use heterotrain_crds::metrics::{SPREAD_MIN_STEPS, SPREAD_WINDOW};
+        use heterotrain_crds::metrics::{
+            SPREAD_LEVEL_SHIFT, SPREAD_LEVEL_STEPS, SPREAD_MIN_STEPS, SPREAD_WINDOW,
+        };
         if batch != self.batch {
             self.batch = batch;
             self.recent.clear();
@@ -99,17 +103,44 @@ impl Spread {
         if batch == 0 || !seconds.is_finite() || seconds < 0.0 {
             return None;
         }
-        if self.recent.len() == SPREAD_WINDOW {
+        // The window, and the newest steps still waiting for confirmation.
+        let pending = SPREAD_LEVEL_STEPS - 1;
+        if self.recent.len() == SPREAD_WINDOW + pending {
             self.recent.pop_front();
         }
         self.recent.push_back(seconds);
-        if self.recent.len() < SPREAD_MIN_STEPS {
+        let n = self.recent.len();
+        if n >= 2 * SPREAD_LEVEL_STEPS {
+            let split = n - SPREAD_LEVEL_STEPS;
+            let older = median(self.recent.range(..split).copied().collect());
+            let newest = median(self.recent.range(split..).copied().collect());
+            if newest > SPREAD_LEVEL_SHIFT * older || newest * SPREAD_LEVEL_SHIFT < older {
+                self.recent.drain(..split);
+                return None;
+            }
+        }
+        let confirmed = n.checked_sub(pending)?;
+        if confirmed < SPREAD_MIN_STEPS {
             return None;
         }
-        let mut v: Vec<f64> = self.recent.iter().copied().collect();
+        let mut v: Vec<f64> = self.recent.range(..confirmed).copied().collect();
         v.sort_by(f64::total_cmp);
         let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
         Some((at(0.9) - at(0.5)).max(0.0))
+    }
+}
+
+/// The median of a non-empty list (0 for an empty one).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
     }
 }
 

@@ -70,8 +70,8 @@ fn the_bottleneck_gauge_follows_the_smoothed_dominant_phase() {
 #[test]
 fn the_spread_is_the_tail_over_the_median_at_one_batch() {
     let mut s = Spread::default();
-    // Seven steps are too few.
-    for _ in 0..7 {
+    // Eight steps confirmed by three later ones are needed: ten are too few.
+    for _ in 0..10 {
         assert_eq!(s.push(10, 0.030), None);
     }
     // Steady steps: no spread.
@@ -87,6 +87,61 @@ fn the_spread_is_the_tail_over_the_median_at_one_batch() {
     assert_eq!(s.push(12, 0.036), None);
     assert_eq!(s.push(0, 0.0), None);
     assert_eq!(s.push(0, f64::NAN), None);
+}
+
+#[test]
+fn a_new_level_of_compute_is_no_spread() {
+    // A rank at 60 ms a step (a 20 ms late step one in four) is throttled
+    // to 190 ms a step: its figure must stay the jitter around one level,
+    // never the jump between the two (130 ms). Checked at every window
+    // length the throttle can meet.
+    for before in 0..40 {
+        let mut s = Spread::default();
+        let mut figures = Vec::new();
+        for i in 0..before {
+            figures.extend(s.push(10, if i % 4 == 0 { 0.080 } else { 0.060 }));
+        }
+        for i in 0..60 {
+            figures.extend(s.push(10, if i % 4 == 0 { 0.210 } else { 0.190 }));
+        }
+        let worst = figures.iter().copied().fold(0.0, f64::max);
+        assert!(worst <= 0.020 + 1e-12, "{before} steps before: {figures:?}");
+        // The new level's own jitter is reported.
+        let last = figures.last().copied().unwrap_or(f64::NAN);
+        assert!(
+            (last - 0.020).abs() < 1e-12,
+            "{before} steps before: {figures:?}"
+        );
+    }
+    // Freed again (190 ms → 60 ms): the same.
+    let mut s = Spread::default();
+    let mut figures = Vec::new();
+    for i in 0..40 {
+        figures.extend(s.push(10, if i % 4 == 0 { 0.210 } else { 0.190 }));
+    }
+    for _ in 0..40 {
+        figures.extend(s.push(10, 0.060));
+    }
+    assert!(figures.iter().all(|&f| f <= 0.020 + 1e-12), "{figures:?}");
+    assert_eq!(figures.last().copied(), Some(0.0));
+}
+
+#[test]
+fn quota_jitter_is_no_new_level() {
+    // Compute that swings 2.4× from step to step (a 0.15-core rank: 20 to
+    // 48 ms) keeps one window: the figure is its tail over its median.
+    let mut s = Spread::default();
+    let cycle = [0.020, 0.031, 0.048, 0.025, 0.035, 0.022, 0.046, 0.030];
+    let mut last = None;
+    for i in 0..200 {
+        if let Some(f) = s.push(4, cycle[i % cycle.len()]) {
+            last = Some(f);
+        }
+    }
+    // The window holds each of the eight four times: its 90th percentile
+    // is 0.048 and its median 0.031.
+    let got = last.unwrap_or(f64::NAN);
+    assert!((got - (0.048 - 0.031)).abs() < 1e-12, "{got}");
 }
 
 #[test]
