@@ -222,11 +222,15 @@ async fn rebalance_events(
     uid: Option<String>,
 ) -> Vec<RebalanceEvent> {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let mut rebalances: Vec<RebalanceEvent> = events
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
+    // Without leave to list Events the history is empty, said once.
+    let items = match events.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            eprintln!("warning: no plan history: listing the Events of namespace {ns}: {e}");
+            Vec::new()
+        }
+    };
+    let mut rebalances: Vec<RebalanceEvent> = items
         .into_iter()
         .filter(|e| {
             e.reason.as_deref() == Some(heterotrain_operator::conditions::reasons::REBALANCED)

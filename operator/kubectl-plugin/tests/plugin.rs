@@ -634,5 +634,151 @@ async fn status_top_plan_and_profile_show_the_job() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // A user with exactly the permissions `examples/rbac/plugin-user.yaml`
+    // grants sees what the cluster's admin sees, without a warning; a user
+    // without them is refused with the API server's reason.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let limited = account_kubeconfig(&cluster, &client, "plugin-user", true, dir.path()).await;
+    let nobody = account_kubeconfig(&cluster, &client, "plugin-nobody", false, dir.path()).await;
+    let profile = ["profile", "demo", "--operator-namespace", OPERATOR_NS];
+    let commands: [&[&str]; 7] = [
+        &["status", "demo"],
+        &["plan", "demo"],
+        &["top", "demo", "--once", "--interval", "1"],
+        &["list"],
+        &["get", "demo", "-o", "wide"],
+        &profile,
+        &[
+            "profile",
+            "demo",
+            "--operator-namespace",
+            OPERATOR_NS,
+            "--no-live",
+        ],
+    ];
+    let mut proxied = 0;
+    for args in commands {
+        let live = args == profile;
+        let args: Vec<&str> = ["-n", NS].iter().chain(args).copied().collect();
+        let admin = run_as(&cluster.kubeconfig_path(), &args);
+        let hits_before = hits.load(std::sync::atomic::Ordering::SeqCst);
+        // RBAC takes effect within moments of the binding.
+        let user = heterotrain_e2e::wait::eventually(
+            "the plugin user's access",
+            Duration::from_secs(20),
+            Duration::from_millis(250),
+            || async {
+                let out = run_as(&limited, &args);
+                Ok(out.status.success().then_some(out))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{args:?} as the plugin user: {e}"));
+        assert_eq!(
+            without_age(&user.stdout),
+            without_age(&admin.stdout),
+            "{args:?}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&user.stderr),
+            "",
+            "{args:?}: no warning"
+        );
+        if live {
+            proxied = hits.load(std::sync::atomic::Ordering::SeqCst) - hits_before;
+        }
+    }
+    assert!(
+        proxied >= 1,
+        "the plugin user read the live gauges through the proxy"
+    );
+    let out = run_as(&nobody, &["-n", NS, "status", "demo"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("forbidden"), "{err}");
+    assert!(err.contains("plugin-nobody"), "{err}");
+
     cluster.stop();
+}
+
+/// A command's output without the job's age in seconds (`age 2s`), which
+/// moves between two runs.
+fn without_age(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(|l| match (l.starts_with("Job:"), l.find(", age ")) {
+            (true, Some(i)) => format!("{}, age …)", &l[..i]),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The plugin binary run with `kubeconfig`.
+fn run_as(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kubectl-heterotrain"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run kubectl-heterotrain")
+}
+
+/// A kubeconfig (in `dir`) for ServiceAccount `account` of the job's
+/// namespace, bound to `examples/rbac/plugin-user.yaml`'s Roles when
+/// `bound` (their subject replaced by the account), else to nothing.
+async fn account_kubeconfig(
+    cluster: &LocalCluster,
+    client: &Client,
+    account: &str,
+    bound: bool,
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use serde::Deserialize;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    create(&sas, json!({"metadata": {"name": account}})).await;
+    if bound {
+        let path = heterotrain_e2e::paths::examples_dir().join("rbac/plugin-user.yaml");
+        let text = std::fs::read_to_string(&path).expect("examples/rbac/plugin-user.yaml");
+        let mut kinds = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let mut v = serde_json::Value::deserialize(doc).expect("a YAML document");
+            // The example's namespaces: the jobs' (`ml`) and the operator's.
+            let ns = match v["metadata"]["namespace"].as_str() {
+                Some("ml") => NS,
+                Some(OPERATOR_NS) => OPERATOR_NS,
+                other => panic!("unexpected namespace {other:?} in {}", path.display()),
+            };
+            v["metadata"]["namespace"] = json!(ns);
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            match kind.as_str() {
+                "Role" => create(&Api::<Role>::namespaced(client.clone(), ns), v).await,
+                "RoleBinding" => {
+                    v["subjects"] =
+                        json!([{"kind": "ServiceAccount", "name": account, "namespace": NS}]);
+                    create(&Api::<RoleBinding>::namespaced(client.clone(), ns), v).await;
+                }
+                k => panic!("unexpected kind {k} in {}", path.display()),
+            }
+            kinds.push(kind);
+        }
+        assert_eq!(kinds, ["Role", "RoleBinding", "Role", "RoleBinding"]);
+    }
+    let req: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    }))
+    .expect("TokenRequest");
+    let resp: TokenRequest = sas
+        .create_subresource("token", account, &PostParams::default(), &req)
+        .await
+        .expect("a token for the account");
+    let token = resp
+        .status
+        .and_then(|s| s.token)
+        .expect("a token in the TokenRequest's status");
+    let path = dir.join(format!("{account}.kubeconfig"));
+    std::fs::write(&path, cluster.kubeconfig_yaml(&token)).expect("write the kubeconfig");
+    path
 }
