@@ -9,12 +9,16 @@ use heterotrain_balancer::{
 const C: [f64; 4] = [0.002, 0.002 / 0.7, 0.002 / 0.4, 0.002 / 0.25];
 
 fn balancer(policy: Policy, global: u32) -> Balancer {
+    balancer_of(policy, global, 4)
+}
+
+fn balancer_of(policy: Policy, global: u32, ranks: usize) -> Balancer {
     let cfg = BalancerConfig {
         policy,
         global_batch_size: global,
         ..BalancerConfig::default()
     };
-    Balancer::new(cfg, 4).expect("valid config")
+    Balancer::new(cfg, ranks).expect("valid config")
 }
 
 /// `n` steps of every rank at `plan`, compute time `c_r · b_r`.
@@ -74,15 +78,7 @@ fn a_slowdown_leaves_no_spread_behind() {
     // Two ranks at 64 samples, 2 ms a sample. Rank 0 slows 2.5× (a CPU
     // quota cut): while the slowdown sets in its steps read as a long tail
     // (a spread of 130 ms), then its live model re-fits at the new level.
-    let mut bal = Balancer::new(
-        BalancerConfig {
-            policy: Policy::Dynamic,
-            global_batch_size: 128,
-            ..BalancerConfig::default()
-        },
-        2,
-    )
-    .expect("valid config");
+    let mut bal = balancer_of(Policy::Dynamic, 128, 2);
     let plan = [64, 64];
     feed(&mut bal, &plan, &[0.002, 0.002], 20);
     assert!(bal.decide(&plan).expect("decide").plan.is_none());
@@ -160,15 +156,7 @@ fn a_rank_whose_compute_jumps_is_planned_nearer_its_slow_steps() {
     let d = bal.decide(&plan).expect("decide");
     assert_eq!(plan_of(&d), vec![35, 35, 35, 23], "half way up at once");
     // With two ranks the same spread counts at 0.44 of its size, not 0.80.
-    let mut bal = Balancer::new(
-        BalancerConfig {
-            policy: Policy::Dynamic,
-            global_batch_size: 128,
-            ..BalancerConfig::default()
-        },
-        2,
-    )
-    .expect("valid config");
+    let mut bal = balancer_of(Policy::Dynamic, 128, 2);
     feed(&mut bal, &[64, 64], &[0.002, 0.002], 20);
     bal.observe_compute_spread(1, 0.024 / spread_weight(2))
         .expect("valid spread");
