@@ -48,9 +48,11 @@ pub const SPREAD_MIN_STEPS: usize = 8;
 /// new level of compute (see [`COMPUTE_SPREAD_SECONDS`]).
 pub const SPREAD_LEVEL_STEPS: usize = 4;
 /// How far (a factor, either way) the newest steps' median must be from
-/// the older ones' to count as a new level. Well above a CPU quota's
-/// jitter: a 0.15-core rank's compute ranged 2.4× from its 10th to its
-/// 90th percentile, and a median of four such steps moves much less.
+/// the older ones' to count as a new level. Above a CPU quota's jitter
+/// as a median of four steps sees it: on the 4-node bench's quotas a
+/// 0.15-core rank's compute ranged 3.4× (15 to 52 ms) from its 10th to its
+/// 90th percentile, but the median of four steps moves far less than the
+/// steps themselves.
 pub const SPREAD_LEVEL_SHIFT: f64 = 2.0;
 /// Gauge: current local batch size.
 pub const LOCAL_BATCH_SIZE: &str = "heterotrain_local_batch_size";

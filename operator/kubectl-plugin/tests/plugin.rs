@@ -638,8 +638,12 @@ async fn status_top_plan_and_profile_show_the_job() {
     // grants sees what the cluster's admin sees, without a warning; a user
     // without them is refused with the API server's reason.
     let dir = tempfile::tempdir().expect("temporary directory");
-    let limited = account_kubeconfig(&cluster, &client, "plugin-user", true, dir.path()).await;
-    let nobody = account_kubeconfig(&cluster, &client, "plugin-nobody", false, dir.path()).await;
+    let account = |name: &'static str, grant: Grant| {
+        account_kubeconfig(&cluster, &client, name, grant, dir.path())
+    };
+    let limited = account("plugin-user", Grant::Example).await;
+    let nobody = account("plugin-nobody", Grant::Nothing).await;
+    let no_events = account("plugin-no-events", Grant::ExampleWithoutEvents).await;
     let profile = ["profile", "demo", "--operator-namespace", OPERATOR_NS];
     let commands: [&[&str]; 7] = [
         &["status", "demo"],
@@ -697,6 +701,39 @@ async fn status_top_plan_and_profile_show_the_job() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("forbidden"), "{err}");
     assert!(err.contains("plugin-nobody"), "{err}");
+    // Without status.planHistory the history comes from Events: the user
+    // reads it; one without leave to list Events is warned, and gets the
+    // rest.
+    jobs.patch_status(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"planHistory": null}})),
+    )
+    .await
+    .expect("status");
+    let plan = ["-n", NS, "plan", "demo"];
+    let admin = run_as(&cluster.kubeconfig_path(), &plan);
+    assert_eq!(
+        row(&String::from_utf8_lossy(&admin.stdout), "GENERATION", "2")[2],
+        "[48, 24, 24]"
+    );
+    let user = run_as(&limited, &plan);
+    assert_eq!(without_age(&user.stdout), without_age(&admin.stdout));
+    assert_eq!(String::from_utf8_lossy(&user.stderr), "");
+    let out = run_as(&no_events, &plan);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: no plan history"), "{err}");
+    assert!(err.contains("forbidden"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line(&text, "Current plan of demo:").contains("generation 2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("[40, 28, 28]"),
+        "no history without Events: {text}"
+    );
 
     cluster.stop();
 }
@@ -723,14 +760,24 @@ fn run_as(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
         .expect("run kubectl-heterotrain")
 }
 
+/// What a test account is granted.
+#[derive(Clone, Copy, PartialEq)]
+enum Grant {
+    Nothing,
+    /// `examples/rbac/plugin-user.yaml`'s Roles.
+    Example,
+    /// The same without its rule on Events.
+    ExampleWithoutEvents,
+}
+
 /// A kubeconfig (in `dir`) for ServiceAccount `account` of the job's
-/// namespace, bound to `examples/rbac/plugin-user.yaml`'s Roles when
-/// `bound` (their subject replaced by the account), else to nothing.
+/// namespace, bound as `grant` says (the example's Roles renamed after the
+/// account, their subject replaced by it).
 async fn account_kubeconfig(
     cluster: &LocalCluster,
     client: &Client,
     account: &str,
-    bound: bool,
+    grant: Grant,
     dir: &std::path::Path,
 ) -> std::path::PathBuf {
     use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -738,7 +785,7 @@ async fn account_kubeconfig(
     use serde::Deserialize;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
     create(&sas, json!({"metadata": {"name": account}})).await;
-    if bound {
+    if grant != Grant::Nothing {
         let path = heterotrain_e2e::paths::examples_dir().join("rbac/plugin-user.yaml");
         let text = std::fs::read_to_string(&path).expect("examples/rbac/plugin-user.yaml");
         let mut kinds = Vec::new();
@@ -751,10 +798,21 @@ async fn account_kubeconfig(
                 other => panic!("unexpected namespace {other:?} in {}", path.display()),
             };
             v["metadata"]["namespace"] = json!(ns);
+            let renamed =
+                |n: &serde_json::Value| json!(format!("{}-{account}", n.as_str().unwrap_or("")));
+            v["metadata"]["name"] = renamed(&v["metadata"]["name"]);
             let kind = v["kind"].as_str().unwrap_or_default().to_string();
             match kind.as_str() {
-                "Role" => create(&Api::<Role>::namespaced(client.clone(), ns), v).await,
+                "Role" => {
+                    if grant == Grant::ExampleWithoutEvents {
+                        if let Some(rules) = v["rules"].as_array_mut() {
+                            rules.retain(|r| r["resources"] != json!(["events"]));
+                        }
+                    }
+                    create(&Api::<Role>::namespaced(client.clone(), ns), v).await;
+                }
                 "RoleBinding" => {
+                    v["roleRef"]["name"] = renamed(&v["roleRef"]["name"]);
                     v["subjects"] =
                         json!([{"kind": "ServiceAccount", "name": account, "namespace": NS}]);
                     create(&Api::<RoleBinding>::namespaced(client.clone(), ns), v).await;

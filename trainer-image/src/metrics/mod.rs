@@ -130,7 +130,7 @@ impl Spread {
     }
 }
 
-/// The median of a non-empty list (0 for an empty one).
+/// The median of `v` (0 when it is empty).
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
