@@ -60,6 +60,13 @@ struct Cli {
     /// Shorter runs (half the steps) and one round: a quick look, noisier numbers.
     #[arg(long)]
     quick: bool,
+    /// Scale every run's steps by this factor (at least 0.25, at most 20;
+    /// `--quick` halves it again). The figures are taken over each run's last
+    /// half, so a longer run shows more of the steady state: 240 steps of
+    /// simple_cnn give the live policies about ten decisions, 2.5 × gives
+    /// them about twenty-five.
+    #[arg(long, default_value_t = 1.0)]
+    length: f64,
     /// Interleaved rounds of the 2- and 4-node scenarios (concurrent ideal, static,
     /// dynamic; the first round also the other policies; one more concurrent ideal
     /// after the last). Default 3, 1 with --quick.
@@ -138,6 +145,12 @@ fn validate(cli: &Cli) -> Result<()> {
     if !(cli.core_unit > 0.0 && cli.core_unit <= 8.0) {
         bail!("--core-unit must be in (0, 8]");
     }
+    if !(0.25..=20.0).contains(&cli.length) {
+        bail!(
+            "--length must be between 0.25 and 20 (a factor on every run's steps), not {}",
+            cli.length
+        );
+    }
     if cli.rebalance_interval.is_nan() || cli.rebalance_interval < 0.5 {
         bail!("--rebalance-interval must be at least 0.5 s");
     }
@@ -145,7 +158,7 @@ fn validate(cli: &Cli) -> Result<()> {
 }
 
 fn training_options(cli: &Cli) -> TrainingOptions {
-    let scale = if cli.quick { 0.5 } else { 1.0 };
+    let scale = cli.length * if cli.quick { 0.5 } else { 1.0 };
     let mut policies: Vec<String> = POLICIES
         .iter()
         .chain(&VARIANTS)
@@ -317,5 +330,24 @@ mod tests {
             training_options(&ab).policies,
             vec!["dynamic", "dynamic-uncapped"]
         );
+    }
+
+    #[test]
+    fn length_scales_every_run_and_is_bounded() {
+        let steps = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            validate(&cli).map(|_| {
+                let o = training_options(&cli);
+                o.models.iter().map(|m| m.steps).collect::<Vec<_>>()
+            })
+        };
+        let one = steps(&["b"]).unwrap();
+        let longer = steps(&["b", "--length", "2.5"]).unwrap();
+        assert_eq!(longer[0], one[0] * 5 / 2);
+        assert_eq!(steps(&["b", "--quick", "--length", "2"]).unwrap(), one);
+        for bad in ["0", "0.1", "21", "NaN"] {
+            let e = steps(&["b", "--length", bad]).unwrap_err().to_string();
+            assert!(e.contains("--length"), "{e}");
+        }
     }
 }
