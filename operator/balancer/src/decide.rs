@@ -199,12 +199,15 @@ impl Balancer {
             out.plan = Some(plan);
             return Ok(self.finish(out, Some(cur)));
         }
-        // Compute comes first: a trial only once the split has settled
-        // (the best split's predicted gain is below the hysteresis).
+        // Compute comes first: a trial only once the split has settled —
+        // the best split's predicted gain is below the hysteresis that a
+        // re-split must clear (minGainPercent plus the noise margin, as
+        // below): a split that will not move is as settled as it gets.
         let settled_split = gain_percent(
             with_exchange(current_pred, cur),
             with_exchange(predicted, &plan),
-        ) < f64::from(cfg.min_gain_percent);
+        ) < f64::from(cfg.min_gain_percent)
+            + noise_margin_percent(pm.relative_error, n);
         let quiet = settled_split
             && !review.settled
             && self.measured.trial.is_none()
