@@ -62,9 +62,9 @@ struct Cli {
     quick: bool,
     /// Scale every run's steps by this factor (at least 0.25, at most 20;
     /// `--quick` halves it again). The figures are taken over each run's last
-    /// half, so a longer run shows more of the steady state: 240 steps of
-    /// simple_cnn give the live policies about ten decisions, 2.5 × gives
-    /// them about twenty-five.
+    /// half, so a longer run shows more of the steady state: on 4 nodes,
+    /// simple_cnn's 480 steps at `--length 2` gave the live policies 16–18
+    /// decisions a run.
     #[arg(long, default_value_t = 1.0)]
     length: f64,
     /// Interleaved rounds of the 2- and 4-node scenarios (concurrent ideal, static,

@@ -513,8 +513,8 @@ fn a_step_that_just_moved_waits_an_interval_before_a_trial() {
 /// is with a predicted gain between minGainPercent and minGainPercent plus
 /// the margin. That split is settled — it will not move — so a trial of a
 /// small rank saturated on its quota still starts. (It once waited for a
-/// predicted gain under minGainPercent alone, which such a job rarely
-/// reaches: in a 4-node bench no trial started in 480 steps.)
+/// predicted gain under minGainPercent alone: in a 4-node bench, 18 of
+/// the 38 decisions that kept the split could start no trial.)
 #[test]
 fn a_split_held_by_the_noise_margin_is_settled_for_a_trial() {
     let mut truth = four_speeds();
