@@ -237,7 +237,13 @@ impl Balancer {
             };
             let (pred, m) = (current_pred, margin);
             let start =
-                measured::trial_start(&self.ranks, &models, &kept_out, cur, &eligible, w, pred, m);
+                measured::trial_start(&self.ranks, &models, &kept_out, cur, &eligible, w, pred, m)
+                    .map_err(|note| {
+                        if let Some(note) = note {
+                            self.measured.add_note(&note);
+                        }
+                    })
+                    .ok();
             // And only on an excess seen over two intervals in a row.
             let start =
                 match start.map(|t| (measured::steady(previous_window.as_ref(), cur, w, m), t)) {

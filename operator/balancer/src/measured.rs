@@ -73,14 +73,12 @@ pub(crate) const QUOTA_SATURATED: f64 = 0.9;
 /// at 0 samples than at 10, while in the bench no trial started on the
 /// measured step's excess. So its trial needs no excess of the measured
 /// step over the prediction; the measured verdict decides.
-fn quota_bound(rank: &RankState, b: u32, current: &[u32], without: &[u32]) -> Option<f64> {
-    let training = current.iter().filter(|&&x| x > 0).count() as u64;
-    let total: u64 = current.iter().map(|&x| u64::from(x)).sum();
-    let used = rank.quota_use?;
+fn quota_bound(state: &RankState, rank: usize, current: &[u32], without: &[u32]) -> Option<f64> {
+    let used = state.quota_use?;
     (used >= QUOTA_SATURATED
         && without.iter().filter(|&&x| x > 0).count() >= 2
-        && 2 * training * u64::from(b) <= total)
-        .then_some(used)
+        && small(current, rank))
+    .then_some(used)
 }
 
 /// Decisions a leave-out trial waits for a step measured without its rank
@@ -407,7 +405,10 @@ pub(crate) struct Models<'a> {
 /// `eligible` (never rank 0), unless it is waiting out a lost trial, left out of the best split without it (the
 /// ranks already out stay out: `lower`/`upper` hold them at 0) — provided
 /// that split's predicted compute step is `margin`% below the measured step
-/// (else its absence could not win).
+/// (else its absence could not win). `Err` carries a note when the
+/// candidate is a small rank (at most half an equal share) that the gates
+/// hold back: which figures fell short of which threshold, so a decision
+/// that keeps a small, slow rank says why it was not tried.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn trial_start(
     ranks: &[RankState],
@@ -418,9 +419,9 @@ pub(crate) fn trial_start(
     measured: f64,
     predicted: f64,
     margin: u32,
-) -> Option<TrialStart> {
+) -> Result<TrialStart, Option<String>> {
     if !(predicted > 0.0 && measured > 0.0) {
-        return None;
+        return Err(None);
     }
     let per_sample = |r: usize| {
         let b = current.get(r).copied().unwrap_or(0);
@@ -436,26 +437,91 @@ pub(crate) fn trial_start(
         .filter(|&r| current[r] > 0)
         .max_by(|&p, &q| per_sample(p).total_cmp(&per_sample(q)).then(p.cmp(&q)))
         .filter(|&r| r > 0 && eligible.contains(&r))
-        .filter(|&r| ranks.get(r).is_some_and(|s| s.trial_wait == 0))?;
+        .filter(|&r| ranks.get(r).is_some_and(|s| s.trial_wait == 0))
+        .ok_or(None)?;
     let (lo, hi) = bounds.without(&[rank]);
-    let split = optimal_split_bounded(models.split, models.global, &lo, &hi).ok()?;
+    let split = optimal_split_bounded(models.split, models.global, &lo, &hi).map_err(|_| None)?;
     let predicted_seconds = max_step(models.predict, &split.batches);
     let quota_use = ranks
         .get(rank)
-        .and_then(|s| quota_bound(s, current[rank], current, &split.batches));
+        .and_then(|s| quota_bound(s, rank, current, &split.batches));
+    let factor = excess_factor(&split.batches);
     if quota_use.is_none()
         && (measured <= predicted
-            || measured < excess_factor(&split.batches) * predicted
+            || measured < factor * predicted
             || !shorter(predicted_seconds, measured, margin))
     {
-        return None;
+        let held = Held {
+            rank,
+            quota_use: ranks.get(rank).and_then(|s| s.quota_use),
+            factor,
+            without_seconds: predicted_seconds,
+        };
+        return Err(small(current, rank).then(|| held.note(current, measured, predicted, margin)));
     }
-    Some(TrialStart {
+    Ok(TrialStart {
         rank,
         plan: split.batches,
         predicted_seconds,
         quota_use,
     })
+}
+
+/// Whether `rank` trains at most half an equal share of `current`.
+fn small(current: &[u32], rank: usize) -> bool {
+    let training = current.iter().filter(|&&x| x > 0).count() as u64;
+    let total: u64 = current.iter().map(|&x| u64::from(x)).sum();
+    current
+        .get(rank)
+        .is_some_and(|&b| b > 0 && 2 * training * u64::from(b) <= total)
+}
+
+/// A trial candidate the gates of [`trial_start`] held back, and the
+/// figures they read.
+struct Held {
+    rank: usize,
+    /// The share of its CPU quota it used (`None`: no quota, or no reading).
+    quota_use: Option<f64>,
+    /// The excess of the measured step over the predicted compute step a
+    /// trial on the step needs ([`excess_factor`]).
+    factor: f64,
+    /// The predicted compute step of the best split without it.
+    without_seconds: f64,
+}
+
+impl Held {
+    /// e.g. "no trial leaving rank 3 out yet (batch 2 of 128): the step
+    /// measured with it, 64.0 ms, is 1.31× the predicted compute step …".
+    fn note(&self, current: &[u32], measured: f64, predicted: f64, margin: u32) -> String {
+        let b = current.get(self.rank).copied().unwrap_or(0);
+        let total: u32 = current.iter().sum();
+        let mut why = vec![format!(
+            "the step measured with it, {}, is {:.2}× the predicted compute step {} (a trial on the step needs {:.0}×)",
+            secs(measured),
+            measured / predicted,
+            secs(predicted),
+            self.factor
+        )];
+        if !shorter(self.without_seconds, measured, margin) {
+            why.push(format!(
+                "the compute step predicted without it, {}, is not leaveOutMarginPercent {margin}% shorter than that",
+                secs(self.without_seconds)
+            ));
+        }
+        why.push(match self.quota_use {
+            Some(u) => format!(
+                "it used {:.0}% of its CPU quota (a trial on that ground needs {:.0}% and two ranks training without it)",
+                100.0 * u,
+                100.0 * QUOTA_SATURATED
+            ),
+            None => "no reading of its CPU quota use (a rank without a quota is tried on the step alone)".to_string(),
+        });
+        format!(
+            "no trial leaving rank {} out yet (batch {b} of {total}, the slowest per sample): {}",
+            self.rank,
+            why.join("; ")
+        )
+    }
 }
 
 /// Why a trial starts, e.g. "leave-out trial: rank 4 left out for one

@@ -308,12 +308,41 @@ fn a_small_rank_saturated_on_its_cpu_quota_is_tried_and_left_out() {
 
 #[test]
 fn without_quota_saturation_a_step_under_twice_the_compute_starts_no_trial() {
-    for quota in [None, Some([0.6, 0.7, 0.8, 0.8])] {
+    for (quota, why) in [
+        (None, "no reading of its CPU quota use"),
+        (Some([0.6, 0.7, 0.8, 0.8]), "it used 80% of its CPU quota"),
+    ] {
         let mut bal = profiled(four_config(), &four_speeds());
         let rounds = run_four(&mut bal, 12, &late_by_rank_3, quota);
         for (d, p) in &rounds {
             assert!(p[3] >= 1, "{quota:?} {p:?}: {}", d.reason);
             assert!(!d.reason.contains("leave-out trial"), "{}", d.reason);
+        }
+        // The decisions that keep the small rank say why it is not tried:
+        // the step's excess and its quota use, each against its threshold.
+        let held: Vec<_> = rounds
+            .iter()
+            .filter(|(d, _)| d.reason.contains("no trial leaving rank 3 out yet"))
+            .collect();
+        assert!(
+            !held.is_empty(),
+            "{quota:?}: {:#?}",
+            rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>()
+        );
+        for (d, _) in held {
+            assert!(d.reason.contains(why), "{}", d.reason);
+            assert!(
+                d.reason.contains("(a trial on the step needs 2×)"),
+                "{}",
+                d.reason
+            );
+            let ratio = d.measured_step_seconds / d.current_predicted_step_seconds;
+            assert!(
+                d.reason
+                    .contains(&format!("is {ratio:.2}× the predicted compute step")),
+                "{ratio}: {}",
+                d.reason
+            );
         }
     }
 }
