@@ -13,12 +13,17 @@
 #   3. speed, resnet18 on synthetic images, B 256: the CUDA rank alone, both
 #      ranks with the equal split, both with the local dynamic balancer, and
 #      the CPU rank left out (plan 256 / 0); samples/s (median of RUNS) and
-#      the ratios, measured in this one run.
+#      the ratios, measured in this one run;
+#   4. the local dynamic balancer over a longer run (LONG_STEPS, 215): the
+#      CUDA rank's batch by step (where the CPU rank is left out and
+#      re-admitted) and samples/s over the last 100 steps against the CUDA
+#      rank alone, RUNS interleaved pairs.
 #
 # env: TRAINER (the heterotrain-trainer binary), PY (python with torch and
 #      safetensors, default python3), DIGITS (the digits-mnist directory),
 #      CPU_THREADS (threads of the CPU rank, default 8), RUNS (3),
-#      STEPS (speed: timed steps, default 60, after 15 warm-up steps)
+#      STEPS (speed: timed steps, default 60, after 15 warm-up steps),
+#      LONG_STEPS (part 4, default 215; 0 skips it)
 set -euo pipefail
 trainer="${TRAINER:?TRAINER=<path of heterotrain-trainer>}"
 py="${PY:-python3}"
@@ -26,6 +31,7 @@ digits="${DIGITS:-}"
 cpu_threads="${CPU_THREADS:-8}"
 runs="${RUNS:-3}"
 steps="${STEPS:-60}"
+long_steps="${LONG_STEPS:-215}"
 warm=15
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -134,3 +140,28 @@ printf '| cuda + cpu (%s threads), equal 128 / 128 | %.1f |\n' "$cpu_threads" "$
 printf '| cuda + cpu (%s threads), dynamic (last split %s) | %.1f |\n' "$cpu_threads" "$split" "$d"
 printf '| cuda + cpu, cpu left out 256 / 0 | %.1f |\n' "$o"
 echo "dynamic / equal: $(ratio "$d" "$e")   dynamic / cuda alone: $(ratio "$d" "$a")   left out / cuda alone: $(ratio "$o" "$a")"
+
+[ "$long_steps" -gt 115 ] || exit 0
+say "4. the local dynamic balancer over $long_steps steps against the CUDA rank alone ($runs pairs)"
+for i in $(seq "$runs"); do
+  gang "$tmp/long-alone-$i" "cuda" --model resnet18 --dataset synthetic_image --synthetic-samples 8192 \
+    --batch-size 256 --max-steps "$long_steps" --epochs 1000 --lr 0.01
+  gang "$tmp/long-dyn-$i" "cuda cpu" --model resnet18 --dataset synthetic_image --synthetic-samples 8192 \
+    --batch-size 256 --max-steps "$long_steps" --epochs 1000 --lr 0.01 \
+    --balancer local --policy dynamic --balance-every 5
+  "$py" - "$tmp/long-alone-$i" "$tmp/long-dyn-$i" "$i" <<'PY'
+import json, sys
+def steps(out):
+    return [json.loads(l) for l in open(f"{out}/rank-0.jsonl") if '"event":"step"' in l]
+def rate(st):  # global samples/s: 256 a step, whoever trains them
+    return 256 * len(st) / sum(s["step_seconds"] for s in st)
+alone, dyn = steps(sys.argv[1]), steps(sys.argv[2])
+changes = []
+for s in dyn:
+    if not changes or changes[-1][1] != s["batch_size"]:
+        changes.append((s["step"], s["batch_size"]))
+ra, rd = rate(alone[-100:]), rate(dyn[-100:])
+print(f"pair {sys.argv[3]}: the CUDA rank's batch from step: {changes}; "
+      f"last 100 steps: alone {ra:.1f}, dynamic {rd:.1f} samples/s, dynamic / alone {rd / ra:.3f}")
+PY
+done

@@ -103,6 +103,9 @@ impl Balancer {
             measured::window_step(&self.ranks, self.measured.plan.as_deref(), c, needed)
         });
         out.measured_step_seconds = measured.unwrap_or(0.0);
+        if let Some(c) = cur {
+            subset::count_probes(&mut self.ranks, c, measured);
+        }
         let previous_window = std::mem::replace(
             &mut self.measured.last_window,
             cur.zip(measured).map(|(c, w)| (c.to_vec(), w)),
@@ -190,7 +193,7 @@ impl Balancer {
             } else {
                 self.readmission_reason(&readmit, &plan, predicted)
             };
-            subset::start_trials(&mut self.ranks, &readmit);
+            subset::start_trials(&mut self.ranks, &readmit, measured);
             push_note(&mut out.reason, &leave_out_note);
             out.gain_percent = gain_percent(
                 with_exchange(current_pred, cur),

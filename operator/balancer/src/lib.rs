@@ -43,3 +43,4 @@ pub use model::{fit_profile, StepModel};
 pub use policy::{seed_scores, spread_weight};
 pub use quality::{balance_quality, Quality, QualityClass};
 pub use split::{continuous_split, max_step, optimal_split, optimal_split_bounded, Split};
+pub use subset::READMIT_COST_BUDGET;

@@ -52,6 +52,12 @@ pub(crate) struct RankState {
     /// On a measurement trial after a re-admission: the live samples it
     /// reported since (`None`: not on trial).
     pub trial_samples: Option<u32>,
+    /// The measured cost of the re-admission in progress (`None`: none, or
+    /// no measured step to compare with).
+    pub probe: Option<Probe>,
+    /// Decisions the next re-admission waits at least, from the measured
+    /// cost of the last one (see [`crate::subset::READMIT_COST_BUDGET`]).
+    pub probe_wait: u32,
     /// Left out of the last decided plan (until it reports a step again):
     /// its last compute and communication times describe an old plan.
     pub left_out: bool,
@@ -74,6 +80,19 @@ pub(crate) struct RankState {
     /// Multiple of `readmitAfterDecisions` the next lost leave-out trial
     /// makes it wait: 1, doubled by each lost trial (capped).
     pub trial_factor: u32,
+}
+
+/// What a re-admission costs: the step measured before it (the rank out)
+/// and the steps measured while the rank trains again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Probe {
+    /// Step seconds measured over the interval before the re-admission.
+    pub without_seconds: f64,
+    /// Sum and count of the step seconds measured over the intervals the
+    /// re-admitted rank trained in.
+    pub with_seconds: (f64, u32),
+    /// Decisions the rank trained in since its re-admission.
+    pub decisions: u32,
 }
 
 /// The measured steps that keep a rank out.
@@ -107,6 +126,8 @@ impl RankState {
             out_decisions: 0,
             readmit_factor: 1,
             trial_samples: None,
+            probe: None,
+            probe_wait: 0,
             left_out: false,
             step_time: (0.0, 0),
             compute_time: (0.0, 0),

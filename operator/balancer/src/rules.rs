@@ -183,7 +183,7 @@ impl Balancer {
             let doubled = (rank.readmit_factor * 2).min(crate::config::MAX_READMIT_FACTOR);
             let _ = write!(
                 s,
-                "{}rank {r} re-admitted with batch {} to be measured again after {} decisions left out (readmitAfterDecisions {}); if fresh measurements leave it out again, it waits {} decisions",
+                "{}rank {r} re-admitted with batch {} to be measured again after {} decisions left out (readmitAfterDecisions {}); if fresh measurements leave it out again, it waits {} decisions (longer if this re-admission's measured cost needs it)",
                 if i > 0 { "; " } else { "" },
                 plan.get(r).copied().unwrap_or(0),
                 rank.out_decisions,

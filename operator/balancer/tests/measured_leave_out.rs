@@ -6,7 +6,9 @@
 mod common;
 
 use common::{config, feed_measured, m, profiled, sum};
-use heterotrain_balancer::{Balancer, BalancerConfig, Decision, Policy, StepModel};
+use heterotrain_balancer::{
+    Balancer, BalancerConfig, Decision, Policy, StepModel, READMIT_COST_BUDGET,
+};
 
 /// Three ranks of the same speed and rank 3, cheap to compute (its model
 /// keeps it in with a small batch).
@@ -187,7 +189,10 @@ fn a_rank_left_out_on_measurement_is_measured_again_and_stays_in_once_it_is_chea
     let mut bal = profiled(with_readmit(Policy::Dynamic, 3), &truth());
     let rounds = run(&mut bal, 8, &stalled_by_rank_3);
     // Out at 2 (trial) and 3 (verdict); back for measurement after 3
-    // decisions out (at 5), out again at 6 with the wait doubled.
+    // decisions out (at 5), out again at 6. Its one decision back measured
+    // the step 5.9× the step without it (0.354 s against 0.0600 s): 4.9
+    // decisions' worth of training lost, so the next re-admission waits
+    // 4.9 / 5% = 98 decisions, past the doubled back-off's 6.
     let outs: Vec<bool> = rounds.iter().map(|(_, p)| p[3] == 0).collect();
     assert_eq!(outs, [false, false, true, true, true, false, true, true]);
     let d = &rounds[5].0;
@@ -200,14 +205,14 @@ fn a_rank_left_out_on_measurement_is_measured_again_and_stays_in_once_it_is_chea
     assert!(
         d.reason
             .contains("rank 3 left out again: the step measured with it, 0.3")
-            && d.reason.contains("next re-admission after 6 decisions"),
+            && d.reason.contains("next re-admission after 98 decisions (its re-admission ran 1 decision(s) at a measured step 5.9× the 0.0600 s without it"),
         "{}",
         d.reason
     );
     // The device recovered: when next measured with it, it stays in.
     let mut plan = rounds[7].1.clone();
     let mut stayed = None;
-    for i in 0..8 {
+    for i in 0..105 {
         feed_measured(&mut bal, &plan, &truth(), 20, &|_: &[u32]| 0.01);
         let d = bal.decide(&plan).expect("decide");
         plan = d.batches_or(&plan).to_vec();
@@ -598,5 +603,73 @@ fn a_split_held_by_the_noise_margin_is_settled_for_a_trial() {
     assert!(
         trial.is_some_and(|t| t > held),
         "held by the margin from round {held}, trial {trial:?}"
+    );
+}
+
+/// One fast rank and one whose presence costs a second of exchange every
+/// step (a CPU rank beside an accelerator, its share of each exchange
+/// through host memory): each re-admission's measured cost spaces the next
+/// one, so that over a long run the re-admissions cost about
+/// `READMIT_COST_BUDGET` of the time, not the doubling back-off's 25 %.
+#[test]
+fn re_admissions_of_a_costly_rank_are_spaced_by_their_measured_cost() {
+    let truth = vec![m(0.001, 0.0001), m(0.02, 0.002)];
+    let exchange = |p: &[u32]| 0.001 + if p[1] > 0 { 1.0 } else { 0.0 };
+    let step = |p: &[u32]| {
+        truth
+            .iter()
+            .zip(p)
+            .filter(|(_, &b)| b > 0)
+            .map(|(t, &b)| t.predict(b))
+            .fold(0.0, f64::max)
+            + exchange(p)
+    };
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 20,
+        ..config(Policy::Dynamic, 256)
+    };
+    let mut bal = profiled(cfg, &truth);
+    let mut plan = vec![128, 128];
+    let best = step(&[256, 0]);
+    // Seconds spent and the best subset's seconds for the same decision
+    // intervals (20 steps each), from the first leave-out on.
+    let (mut spent, mut ideal) = (0.0, 0.0);
+    let (mut first_out, mut readmitted, mut spaced) = (None, Vec::new(), Vec::new());
+    for i in 0..2000 {
+        feed_measured(&mut bal, &plan, &truth, 20, &exchange);
+        if first_out.is_some() {
+            spent += step(&plan);
+            ideal += best;
+        }
+        let d = bal.decide(&plan).expect("decide");
+        let next = d.batches_or(&plan).to_vec();
+        assert_eq!(sum(&next), 256, "{}", d.reason);
+        if first_out.is_none() && next[1] == 0 {
+            first_out = Some(i);
+        }
+        if plan[1] == 0 && next[1] > 0 {
+            readmitted.push(i);
+        }
+        if d.reason.contains("re-admissions are spaced") {
+            spaced.push(d.reason.clone());
+        }
+        plan = next;
+    }
+    assert!(first_out.is_some_and(|i| i < 5), "{first_out:?}");
+    let overhead = spent / ideal - 1.0;
+    assert!(
+        overhead < 2.0 * READMIT_COST_BUDGET,
+        "{:.1}% over the best subset, re-admitted at {readmitted:?}",
+        100.0 * overhead
+    );
+    // It is still measured again now and then, and the reason says why it
+    // waits longer than the back-off.
+    assert!(readmitted.len() >= 2, "{readmitted:?}");
+    assert!(!spaced.is_empty(), "{readmitted:?}");
+    let ratio = step(&[255, 1]) / best;
+    assert!(
+        spaced[0].contains(&format!("at a measured step {ratio:.1}× the")),
+        "{ratio}: {}",
+        spaced[0]
     );
 }
