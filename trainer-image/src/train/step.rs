@@ -61,8 +61,21 @@ impl<'a> Trainer<'a> {
                 .validate_for(self.cfg.dist.world_size, self.cfg.optim.batch_size)
                 .map_err(|e| TrainerError::Config(format!("agreed plan is invalid: {e}")))?;
             if rank == 0 {
+                // Why, when rank 0 proposed this plan (its balancer's or
+                // the operator's reason).
+                let why = self
+                    .offer
+                    .as_ref()
+                    .filter(|o| {
+                        o.generation == agreed.plan.generation
+                            && o.batch_sizes == agreed.plan.batch_sizes
+                    })
+                    .map(|o| o.reason.trim())
+                    .filter(|r| !r.is_empty())
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default();
                 eprintln!(
-                    "rank 0: step {}: switching to plan generation {} {:?}",
+                    "rank 0: step {}: switching to plan generation {} {:?}{why}",
                     self.step + 1,
                     agreed.plan.generation,
                     agreed.plan.batch_sizes
