@@ -82,9 +82,85 @@ fn selected(case: &str) -> bool {
 }
 
 /// Steps of a job that must outlive a disruption: enough at the chaos
-/// nodes' speed (about 6 steps/s for the gang) to still train when it ends,
-/// which [`still_training`] checks, so a case cannot pass vacuously.
+/// nodes' speed on a slow machine (about 6 steps/s for the gang) to still
+/// train when it ends, which [`still_training`] checks, so a case cannot
+/// pass vacuously. The least [`outlive_steps`] gives.
 const OUTLIVE_30S: u64 = 500;
+
+/// The chaos gang's steps per second, measured once per suite by
+/// [`outlive_steps`].
+static GANG_RATE: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
+
+/// Steps of a job that must still train when a disruption of `seconds`
+/// (from its step 15) has ended: the gang's rate × (`seconds` + 30 s), at
+/// least [`OUTLIVE_30S`]. The same 0.25-core nodes run the gang at about
+/// 6 steps/s on one 2-core machine and 16 on another, so a fixed count
+/// ended the job before a 30 s outage did. The rate is measured once, on a
+/// job of its own in namespace `chaos-rate` (rank 0's live step over 5 s),
+/// and the job is deleted before the case starts.
+async fn outlive_steps(system: &System, seconds: u64) -> Result<u64, String> {
+    let known = *GANG_RATE.lock().map_err(err)?;
+    let rate = match known {
+        Some(r) => r,
+        None => {
+            let r = measure_gang_rate(system).await?;
+            eprintln!("chaos: the gang trains {r:.1} steps/s on the chaos pool");
+            *GANG_RATE.lock().map_err(err)? = Some(r);
+            r
+        }
+    };
+    let steps = (rate * (seconds + 30) as f64).ceil();
+    Ok(if steps.is_finite() {
+        (steps as u64).max(OUTLIVE_30S)
+    } else {
+        OUTLIVE_30S
+    })
+}
+
+/// Rank 0's steps per second over 5 s of a 2-rank chaos job, after step 15.
+async fn measure_gang_rate(system: &System) -> Result<f64, String> {
+    let ns = "chaos-rate";
+    system.create_namespace(ns).await.map_err(err)?;
+    let client = system.client().await.map_err(err)?;
+    heterotrain_e2e::volumes::create_claim(&client, system.sim.state_dir(), ns, "ckpt")
+        .await
+        .map_err(err)?;
+    system
+        .create_job(ns, &job("j", 100_000, "{}", "chaos"))
+        .await
+        .map_err(err)?;
+    let (pods, first) = wait_step(system, ns, 15).await?;
+    let t0 = Instant::now();
+    let ip = pods
+        .get(&0)
+        .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+        .ok_or("rank 0 of the rate job has no IP")?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let last = live_step(&ip).ok_or("rank 0 of the rate job stopped answering")?;
+    let rate = last.saturating_sub(first) as f64 / t0.elapsed().as_secs_f64();
+    let api: Api<HeteroTrainingJob> = Api::namespaced(client, ns);
+    api.delete("j", &DeleteParams::default())
+        .await
+        .map_err(err)?;
+    eventually(
+        "the rate job's pods gone",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let pods = rank_pods(system, ns).await.map_err(anyhow::Error::msg)?;
+            Ok(pods.is_empty().then_some(()))
+        },
+    )
+    .await
+    .map_err(err)?;
+    if rate > 0.0 {
+        Ok(rate)
+    } else {
+        Err(format!(
+            "the rate job did not advance: step {first} then {last}"
+        ))
+    }
+}
 
 /// Err when job `name` has already finished: the disruption just ended
 /// and the case is only meaningful if the gang was still training.
@@ -552,9 +628,17 @@ enum Outage {
 /// The API server down for 30 s, or etcd for 15 s, mid-run: the job
 /// Succeeds with no restart and exactly its two pods.
 async fn control_plane_down(system: &System, ns: &str, what: Outage) -> Result<Row, String> {
+    let steps = outlive_steps(
+        system,
+        match what {
+            Outage::ApiServer => 30,
+            Outage::Etcd => 15,
+        },
+    )
+    .await?;
     let t0 = Instant::now();
     system
-        .create_job(ns, &job("j", OUTLIVE_30S, "{}", "chaos"))
+        .create_job(ns, &job("j", steps, "{}", "chaos"))
         .await
         .map_err(err)?;
     wait_step(system, ns, 15).await?;
@@ -861,6 +945,8 @@ async fn lease_holder(system: &System) -> Option<String> {
 /// at a time: no write of A accepted after B's first (besides the Lease,
 /// whose writes are guarded), and B writing nothing before the cut.
 async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
+    // Measured (once) while the suite's own operator still runs.
+    let steps = outlive_steps(system, 30).await?;
     let t0 = Instant::now();
     let from = Timestamp::now();
     let dir = system.cluster.state_dir().to_path_buf();
@@ -896,7 +982,7 @@ async fn leader_cut(system: &System, ns: &str) -> Result<Row, String> {
     let mut b = system.start_replica("replica-b", &kb).map_err(err)?;
     let outcome = async {
         system
-            .create_job(ns, &job("j", OUTLIVE_30S, "{}", "chaos"))
+            .create_job(ns, &job("j", steps, "{}", "chaos"))
             .await
             .map_err(err)?;
         wait_step(system, ns, 15).await?;

@@ -292,7 +292,7 @@ pub(crate) fn trial_samples_needed(cfg: &BalancerConfig) -> u32 {
     cfg.straggler_patience.max(1)
 }
 
-/// The largest share of the training time re-admissions may cost. A
+/// The share of the training time re-admissions are spaced to cost. A
 /// re-admission that measured the step `ρ` times longer with the rank
 /// than without it, over `d` decisions, cost about `d × (ρ − 1)` decision
 /// intervals of training (counted in steps: an interval of a fixed number
@@ -333,7 +333,7 @@ pub(crate) fn count_probes(ranks: &mut [RankState], current: &[u32], measured: O
 }
 
 /// The decisions the next re-admission must wait so that the one `probe`
-/// measured costs at most [`READMIT_COST_BUDGET`] of the training time, and
+/// measured costs about [`READMIT_COST_BUDGET`] of the training time, and
 /// the measured ratio of the step with the rank to the step without it.
 /// `None` without a step measured with the rank.
 fn probe_cost(probe: &Probe) -> Option<(u32, f64)> {
@@ -424,7 +424,7 @@ pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerCon
                         if w > doubling_wait(rank, cfg) {
                             let _ = write!(
                                 notes,
-                                " (its re-admission ran {} decision(s) at a measured step {ratio:.1}× the {} without it; re-admissions are spaced to cost at most {:.0}% of the training time)",
+                                " (its re-admission ran {} decision(s) at a measured step {ratio:.1}× the {} without it; re-admissions are spaced to cost about {:.0}% of the training time)",
                                 p.decisions,
                                 secs(p.without_seconds),
                                 100.0 * READMIT_COST_BUDGET
