@@ -39,7 +39,7 @@ pub use balancer::Balancer;
 pub use config::{BalancerConfig, Policy, MAX_READMIT_FACTOR};
 pub use decision::Decision;
 pub use error::{BalancerError, SplitError};
-pub use model::{fit_profile, StepModel};
+pub use model::{fit_profile, StepModel, MIN_PER_SAMPLE_SHARE};
 pub use policy::{seed_scores, spread_weight};
 pub use quality::{balance_quality, Quality, QualityClass};
 pub use split::{continuous_split, max_step, optimal_split, optimal_split_bounded, Split};

@@ -13,6 +13,11 @@ use crate::BalancerError;
 /// maths finite when measurements are absurdly small).
 pub const MIN_PER_SAMPLE_SECONDS: f64 = 1e-12;
 
+/// The smallest share of a measured step a live re-fit puts on its samples
+/// (`θ` in [`LiveModel`]): a step within this share of the profile's fixed
+/// cost, or under it, cannot tell the per-sample rate at one batch size.
+pub const MIN_PER_SAMPLE_SHARE: f64 = 0.1;
+
 /// Linear step-time model of one rank: `t(b) = fixed_seconds + per_sample_seconds · b`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -144,13 +149,20 @@ pub enum PushOutcome {
 /// Windowed live estimator of one rank's per-sample time.
 ///
 /// Keeps the last `capacity` `(batch, compute seconds)` samples. The fit is
-/// `c = median((t_i − a) / b_i)` for a given fixed cost `a` (the profile's,
-/// or 0): the median makes a single wild sample harmless, and since the
-/// fitted rate absorbs any unmodelled fixed cost at the current batch,
-/// re-planning from it is a fixed-point iteration that converges to equal
-/// finish times. When `patience` consecutive samples are more than
-/// `factor`× away from the model (slower or faster), the window is cut to
-/// those samples and re-fitted at once.
+/// `c = median(max(t_i − a, θ·t_i) / b_i)` for a given fixed cost `a` (the
+/// profile's, or 0) and `θ` = [`MIN_PER_SAMPLE_SHARE`]: the median makes a
+/// single wild sample harmless, and since the fitted rate absorbs any
+/// unmodelled fixed cost at the current batch, re-planning from it is a
+/// fixed-point iteration that converges to equal finish times. The floor
+/// `θ·t_i` matters only when a step comes within `θ` of the fixed cost or
+/// under it (a small batch on a rank whose profile over-estimated `a`):
+/// live steps mostly come at one batch, which cannot tell a fixed cost from
+/// a rate there, and `(t − a) / b` would go to zero and hand that rank the
+/// whole batch. The fitted fixed cost is then `min(a, (1 − θ)·median(t_i))`,
+/// so the model still predicts the measured step at the measured batch.
+/// When `patience` consecutive samples are more than `factor`× away from the
+/// model (slower or faster), the window is cut to those samples and
+/// re-fitted at once.
 #[derive(Debug, Clone)]
 pub struct LiveModel {
     samples: VecDeque<(u32, f64)>,
@@ -287,6 +299,8 @@ impl LiveModel {
     }
 
     fn refit(&mut self, fixed: f64) {
+        self.fitted_fixed = fixed;
+        self.dirty = false;
         let fixed = if fixed.is_finite() && fixed >= 0.0 {
             fixed
         } else {
@@ -294,13 +308,18 @@ impl LiveModel {
         };
         let rates = &mut self.scratch;
         rates.clear();
-        rates.extend(
-            self.samples
-                .iter()
-                .map(|(b, t)| ((t - fixed) / f64::from(*b)).max(MIN_PER_SAMPLE_SECONDS)),
-        );
+        rates.extend(self.samples.iter().map(|(_, t)| *t));
+        let Some(typical) = median(rates) else {
+            self.fitted = None;
+            self.relative_error = 0.0;
+            return;
+        };
+        rates.clear();
+        rates.extend(self.samples.iter().map(|(b, t)| {
+            ((t - fixed).max(MIN_PER_SAMPLE_SHARE * t) / f64::from(*b)).max(MIN_PER_SAMPLE_SECONDS)
+        }));
         self.fitted = median(rates).map(|c| StepModel {
-            fixed_seconds: fixed,
+            fixed_seconds: fixed.min((1.0 - MIN_PER_SAMPLE_SHARE) * typical),
             per_sample_seconds: c,
         });
         self.relative_error = match self.fitted {
@@ -314,8 +333,6 @@ impl LiveModel {
             }
             _ => 0.0,
         };
-        self.fitted_fixed = fixed;
-        self.dirty = false;
     }
 }
 
@@ -387,6 +404,34 @@ mod tests {
             assert_eq!(lm.push(10, 1.0, None, 0.0, 1.5, 3), PushOutcome::Off);
         }
         assert_eq!(lm.push(10, 1.0, None, 0.0, 1.5, 3), PushOutcome::Refitted);
+    }
+
+    #[test]
+    fn a_step_near_or_under_the_fixed_cost_keeps_a_share_on_its_samples() {
+        // Profile fixed cost 20 ms; steps at batch 2 of 19 ms and 20.5 ms
+        // (the profile over-estimated it). Without the floor the rate
+        // would be (t − a) / b ≈ 0 and 126 samples would cost nothing.
+        for t in [0.019, 0.0205] {
+            let mut lm = LiveModel::new(20);
+            for _ in 0..5 {
+                lm.push(2, t, None, 0.02, 1.5, 3);
+            }
+            let m = lm.model(0.02).expect("model");
+            assert!(
+                (m.per_sample_seconds - MIN_PER_SAMPLE_SHARE * t / 2.0).abs() < 1e-12,
+                "{m:?}"
+            );
+            assert!((m.predict(2) - t).abs() < 1e-12, "{m:?}");
+            assert!(m.predict(126) > 7.0 * t, "{m:?}");
+        }
+        // A step well above the fixed cost keeps it and the plain rate.
+        let mut lm = LiveModel::new(20);
+        for _ in 0..5 {
+            lm.push(2, 0.03, None, 0.02, 1.5, 3);
+        }
+        let m = lm.model(0.02).expect("model");
+        assert_eq!(m.fixed_seconds, 0.02);
+        assert!((m.per_sample_seconds - 0.005).abs() < 1e-12, "{m:?}");
     }
 
     #[test]

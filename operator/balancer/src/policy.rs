@@ -101,10 +101,12 @@ fn base_model(policy: Policy, rank: &mut RankState, prior_weight: f64) -> Option
                         0.0
                     };
                     let n = rank.live.total() as f64;
-                    let c = (w * p.per_sample_seconds + n * l.per_sample_seconds) / (w + n);
+                    // The live fit's fixed cost is the profile's unless its
+                    // steps came near or under it (see `LiveModel`).
+                    let blend = |prior: f64, live: f64| (w * prior + n * live) / (w + n);
                     Some(StepModel {
-                        fixed_seconds: p.fixed_seconds,
-                        per_sample_seconds: c,
+                        fixed_seconds: blend(p.fixed_seconds, l.fixed_seconds),
+                        per_sample_seconds: blend(p.per_sample_seconds, l.per_sample_seconds),
                     })
                 }
                 (p, l) => l.or(p),

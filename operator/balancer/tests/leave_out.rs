@@ -507,3 +507,38 @@ fn exposed_communication_measured_live_scales_the_exchange_down() {
     let d = bal.decide(&[30; 4]).expect("decide");
     assert!(d.left_out.is_empty(), "{}", d.reason);
 }
+
+#[test]
+fn a_small_rank_measured_under_its_profiled_fixed_cost_is_not_handed_the_batch() {
+    // Rank 3's profile says 20 ms fixed, 4 ms a sample; at 2 samples its
+    // steps come in at 19 ms (the profile over-estimated the fixed cost).
+    // Measured at one batch, (19 − 20) / 2 is no rate: the plan must not
+    // take it as free and leave other ranks out to give it their samples
+    // (the 4-node bench once planned [2, 0, 0, 126] so; without the
+    // floor on a re-fit's rate this test plans [50, 0, 0, 78]).
+    let profile = vec![
+        m(0.005, 0.0003),
+        m(0.03, 0.0004),
+        m(0.03, 0.0008),
+        m(0.02, 0.004),
+    ];
+    let mut bal = profiled(config(Policy::Dynamic, 128), &profile);
+    bal.set_gradient_bytes(3_000_000);
+    for (r, gbps) in [1.0, 0.5, 0.5, 1.0].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, gbps * 1e9).expect("link");
+        // The exchange is measured fully exposed.
+        bal.observe_communication(r, 0.009).expect("communication");
+    }
+    let plan = [51, 47, 28, 2];
+    for _ in 0..20 {
+        for (r, &b) in plan.iter().enumerate() {
+            let t = if r == 3 { 0.019 } else { profile[r].predict(b) };
+            bal.observe_step(r, b, t).expect("valid sample");
+        }
+    }
+    let d = bal.decide(&plan).expect("decide");
+    let next = d.batches_or(&plan).to_vec();
+    assert_eq!(sum(&next), 128);
+    assert!(d.left_out.is_empty(), "{next:?}: {}", d.reason);
+    assert!(next[3] <= 6, "{next:?}: {}", d.reason);
+}
