@@ -16,14 +16,17 @@
 #      the ratios, measured in this one run;
 #   4. the local dynamic balancer over a longer run (LONG_STEPS, 215): the
 #      CUDA rank's batch by step (where the CPU rank is left out and
-#      re-admitted) and samples/s over the last 100 steps against the CUDA
-#      rank alone, RUNS interleaved pairs.
+#      re-admitted), how many steps the CPU rank trained after the warm-up
+#      and their seconds, and samples/s over the last 100 steps and over
+#      every step after the warm-up against the CUDA rank alone, RUNS
+#      interleaved pairs.
 #
 # env: TRAINER (the heterotrain-trainer binary), PY (python with torch and
 #      safetensors, default python3), DIGITS (the digits-mnist directory),
 #      CPU_THREADS (threads of the CPU rank, default 8), RUNS (3),
 #      STEPS (speed: timed steps, default 60, after 15 warm-up steps),
-#      LONG_STEPS (part 4, default 215; 0 skips it)
+#      LONG_STEPS (part 4, default 215; 0 skips it), PARTS (the parts to
+#      run, default "1 2 3 4")
 set -euo pipefail
 trainer="${TRAINER:?TRAINER=<path of heterotrain-trainer>}"
 py="${PY:-python3}"
@@ -32,6 +35,7 @@ cpu_threads="${CPU_THREADS:-8}"
 runs="${RUNS:-3}"
 steps="${STEPS:-60}"
 long_steps="${LONG_STEPS:-215}"
+parts=" ${PARTS:-1 2 3 4} "
 warm=15
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -65,6 +69,9 @@ exact_args() { # model
     --seed 11 --lr "$([ "$1" = mlp ] && echo 0.005 || echo 0.05)"
 }
 
+part() { [[ "$parts" == *" $1 "* ]]; }
+
+if part 1; then
 say "1. exactness: 24 / 8 against one CUDA process, B 32"
 echo '{"generation":0,"globalBatchSize":32,"batchSizes":[24,8]}' >"$tmp/plan-24-8.json"
 echo "| model | ranks (24 / 8) | max abs diff of the final parameters vs one CUDA process | largest parameter |"
@@ -87,8 +94,9 @@ print(f"| {sys.argv[3]} | {sys.argv[4].replace(' ', ' + ')} | {d:.2e} | {m:.2f} 
 PY
   done
 done
+fi
 
-if [ -n "$digits" ]; then
+if part 2 && [ -n "$digits" ]; then
   say "2. learning: mlp on the digits, 24 (cuda) / 8 (cpu), 5 epochs"
   gang "$tmp/digits" "cuda cpu" --model mlp --dataset mnist --data-dir "$digits" \
     --batch-size 32 --epochs 5 --lr 0.05 --plan-file "$tmp/plan-24-8.json"
@@ -115,6 +123,7 @@ PY
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
+if part 3; then
 say "3. speed: resnet18, B 256, $runs runs of $steps steps each (interleaved)"
 echo '{"generation":0,"globalBatchSize":256,"batchSizes":[128,128]}' >"$tmp/plan-equal.json"
 echo '{"generation":0,"globalBatchSize":256,"batchSizes":[256,0]}' >"$tmp/plan-out.json"
@@ -140,8 +149,9 @@ printf '| cuda + cpu (%s threads), equal 128 / 128 | %.1f |\n' "$cpu_threads" "$
 printf '| cuda + cpu (%s threads), dynamic (last split %s) | %.1f |\n' "$cpu_threads" "$split" "$d"
 printf '| cuda + cpu, cpu left out 256 / 0 | %.1f |\n' "$o"
 echo "dynamic / equal: $(ratio "$d" "$e")   dynamic / cuda alone: $(ratio "$d" "$a")   left out / cuda alone: $(ratio "$o" "$a")"
+fi
 
-[ "$long_steps" -gt 115 ] || exit 0
+part 4 && [ "$long_steps" -gt 115 ] || exit 0
 say "4. the local dynamic balancer over $long_steps steps against the CUDA rank alone ($runs pairs)"
 for i in $(seq "$runs"); do
   gang "$tmp/long-alone-$i" "cuda" --model resnet18 --dataset synthetic_image --synthetic-samples 8192 \
@@ -149,19 +159,26 @@ for i in $(seq "$runs"); do
   gang "$tmp/long-dyn-$i" "cuda cpu" --model resnet18 --dataset synthetic_image --synthetic-samples 8192 \
     --batch-size 256 --max-steps "$long_steps" --epochs 1000 --lr 0.01 \
     --balancer local --policy dynamic --balance-every 5
-  "$py" - "$tmp/long-alone-$i" "$tmp/long-dyn-$i" "$i" <<'PY'
+  "$py" - "$tmp/long-alone-$i" "$tmp/long-dyn-$i" "$i" "$warm" <<'PY'
 import json, sys
 def steps(out):
     return [json.loads(l) for l in open(f"{out}/rank-0.jsonl") if '"event":"step"' in l]
 def rate(st):  # global samples/s: 256 a step, whoever trains them
     return 256 * len(st) / sum(s["step_seconds"] for s in st)
 alone, dyn = steps(sys.argv[1]), steps(sys.argv[2])
+warm = int(sys.argv[4])
 changes = []
 for s in dyn:
     if not changes or changes[-1][1] != s["batch_size"]:
         changes.append((s["step"], s["batch_size"]))
+readmits = sum(1 for a, b in zip(changes, changes[1:]) if a[1] == 256 and b[1] < 256)
+shared = [s["step_seconds"] for s in dyn[warm:] if s["batch_size"] < 256]
 ra, rd = rate(alone[-100:]), rate(dyn[-100:])
+wa, wd = rate(alone[warm:]), rate(dyn[warm:])
 print(f"pair {sys.argv[3]}: the CUDA rank's batch from step: {changes}; "
-      f"last 100 steps: alone {ra:.1f}, dynamic {rd:.1f} samples/s, dynamic / alone {rd / ra:.3f}")
+      f"re-admissions {readmits}; steps the CPU rank trained after step {warm}: {len(shared)} "
+      f"({sum(shared):.2f} s); last 100 steps: alone {ra:.1f}, dynamic {rd:.1f} samples/s, "
+      f"dynamic / alone {rd / ra:.3f}; steps {warm + 1}-{len(dyn)}: alone {wa:.1f}, dynamic {wd:.1f}, "
+      f"dynamic / alone {wd / wa:.3f}")
 PY
 done
