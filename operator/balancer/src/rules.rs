@@ -296,6 +296,20 @@ impl Bounds {
     /// verdict holding out a rank that had most of the batch left no
     /// feasible split at all, at every later decision.
     pub(crate) fn without(&self, out: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        let (lo, mut hi, hard) = self.without_soft(out);
+        let room: u64 = hi.iter().map(|&b| u64::from(b)).sum();
+        if room < u64::from(self.global) {
+            for (h, &top) in hi.iter_mut().zip(&hard) {
+                *h = (*h).max(top);
+            }
+        }
+        (lo, hi)
+    }
+
+    /// `(lower, upper, hard)` with the ranks in `out` left out, the soft
+    /// bounds kept even when the others cannot then hold the global batch
+    /// (a split within them is then infeasible).
+    pub(crate) fn without_soft(&self, out: &[usize]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
         let (mut lo, mut hi, mut hard) =
             (self.lower.clone(), self.upper.clone(), self.hard.clone());
         for &r in out {
@@ -305,13 +319,7 @@ impl Bounds {
                 }
             }
         }
-        let room: u64 = hi.iter().map(|&b| u64::from(b)).sum();
-        if room < u64::from(self.global) {
-            for (h, &top) in hi.iter_mut().zip(&hard) {
-                *h = (*h).max(top);
-            }
-        }
-        (lo, hi)
+        (lo, hi, hard)
     }
 }
 

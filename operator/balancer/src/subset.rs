@@ -112,7 +112,20 @@ pub(crate) fn choose(
     let without = |set: &[usize]| -> Option<(Choice, f64)> {
         let mut out = set.to_vec();
         out.extend_from_slice(&no_room);
-        let (lo, hi) = zeroed(&out);
+        // Leaving a further rank out must fit the others' soft bounds:
+        // beyond its growth bound a rank's live model is a line through
+        // one batch, and a membership that needs it would stake the whole
+        // step on that guess (in the 4-node bench a 0.25-core rank timed
+        // at 1 sample, at full speed between its quota's throttled
+        // periods, was planned at 80 of 128 while two ranks left on their
+        // links, and the step went from 45 to 130 ms). Ranks already out
+        // may stay out whatever the bounds.
+        let (lo, hi) = if set.iter().all(|r| current_out.contains(r)) {
+            zeroed(&out)
+        } else {
+            let (lo, hi, _) = bounds.without_soft(&out);
+            (lo, hi)
+        };
         let s = optimal_split_bounded(models, global, &lo, &hi).ok()?;
         let mut left_out = set.to_vec();
         left_out.sort_unstable();

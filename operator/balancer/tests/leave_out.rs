@@ -542,3 +542,37 @@ fn a_small_rank_measured_under_its_profiled_fixed_cost_is_not_handed_the_batch()
     assert!(d.left_out.is_empty(), "{next:?}: {}", d.reason);
     assert!(next[3] <= 6, "{next:?}: {}", d.reason);
 }
+
+#[test]
+fn a_leave_out_never_rests_on_a_rank_growing_past_its_growth_bound() {
+    // Rank 3 (profile 20 ms fixed, 4 ms a sample) timed at 3 ms at 1
+    // sample — a CPU-quota rank runs at full speed between throttled
+    // periods — looks as fast as rank 0. Leaving ranks 1 and 2 out (slow
+    // links) would need rank 3 to take dozens of samples where it was
+    // timed at one: no such leave-out; it grows within its bound instead.
+    let profile = vec![
+        m(0.005, 0.0003),
+        m(0.03, 0.0004),
+        m(0.03, 0.0008),
+        m(0.02, 0.004),
+    ];
+    let mut bal = profiled(config(Policy::Dynamic, 128), &profile);
+    bal.set_gradient_bytes(3_000_000);
+    for (r, gbps) in [1.0, 0.5, 0.5, 1.0].into_iter().enumerate() {
+        bal.observe_link(r, 1e-4, gbps * 1e9).expect("link");
+        bal.observe_communication(r, 0.009).expect("communication");
+    }
+    let plan = [51, 48, 28, 1];
+    for _ in 0..20 {
+        for (r, &b) in plan.iter().enumerate() {
+            let t = if r == 3 { 0.003 } else { profile[r].predict(b) };
+            bal.observe_step(r, b, t).expect("valid sample");
+        }
+    }
+    let d = bal.decide(&plan).expect("decide");
+    let next = d.batches_or(&plan).to_vec();
+    assert_eq!(sum(&next), 128);
+    assert!(d.left_out.is_empty(), "{next:?}: {}", d.reason);
+    // Its growth bound: twice its batch plus two.
+    assert!(next[3] <= 4, "{next:?}: {}", d.reason);
+}
