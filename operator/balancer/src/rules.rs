@@ -24,9 +24,10 @@ impl Balancer {
     /// measured at the larger batch the next decision goes on. A left-out
     /// rank comes back within the growth bound of the batch it last
     /// trained at; once re-admitted for measurement it is not bound (its
-    /// verdict sets its batch). No rank is bound when others leave and the
-    /// growth bound leaves their samples nowhere to go (see
-    /// [`Bounds::without`]).
+    /// verdict sets its batch). When a verdict or a trial leaves ranks out
+    /// and the growth bound leaves their samples nowhere to go, no rank is
+    /// bound (see [`Bounds::without`]); a leave-out chosen on the models
+    /// alone must fit the bounds ([`Bounds::without_soft`]).
     pub(crate) fn bounds(&self, current: Option<&[u32]>, stale: &[usize]) -> Bounds {
         let c = &self.config;
         let global = c.global_batch_size;
