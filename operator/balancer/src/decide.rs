@@ -7,8 +7,9 @@ use std::fmt::Write as _;
 use crate::decision::{gain_percent, noise_margin_percent};
 use crate::measured::{self, Review, Trial};
 use crate::policy::{policy_models, seed_models};
+use crate::rules::Bounds;
 use crate::rules::{push_note, quota_note};
-use crate::split::max_step;
+use crate::split::{max_step, optimal_split_bounded};
 use crate::subset::{self, secs};
 use crate::{Balancer, BalancerError, Decision, Policy, StepModel};
 
@@ -295,16 +296,30 @@ impl Balancer {
             _ => {
                 let margin = noise_margin_percent(pm.relative_error, n);
                 let threshold = f64::from(cfg.min_gain_percent) + margin;
-                if gain <= 0.0 || gain < threshold {
+                // Judged on where the plan heads: a rank grows at most to
+                // twice its batch (plus 2) per decision, so a step of a
+                // small rank toward its share gains little by itself, and
+                // would never clear the hysteresis (in a test, a rank back
+                // at 1 of 120 samples beside three equal ranks stayed at 1).
+                let heading = destination(split_models, &bounds, &quota_held, &plan)
+                    .map(|b| with_exchange(max_step(predict_models, &b), &b));
+                let toward = heading.map_or(gain, |t| gain.max(gain_percent(step_now, t)));
+                if gain <= 0.0 || toward < threshold {
+                    let shown = if gain <= 0.0 { gain } else { toward };
                     out.reason = format!(
-                        "{}: predicted gain {gain:.1}% is below minGainPercent {}% + {margin:.1}% noise margin; keeping the current plan",
+                        "{}: predicted gain {shown:.1}% is below minGainPercent {}% + {margin:.1}% noise margin; keeping the current plan",
                         cfg.policy, cfg.min_gain_percent
                     );
                     return Ok(self.finish(out, Some(cur)));
                 }
+                let cleared = if gain >= threshold {
+                    format!("gain {gain:.1}%")
+                } else {
+                    format!("gain {gain:.1}% now, {toward:.1}% at the split it heads for")
+                };
                 let _ = write!(
                     reason,
-                    "{}: predicted step {step_new:.4}s vs {step_now:.4}s now (gain {gain:.1}% ≥ minGainPercent {}% + {margin:.1}% noise margin)",
+                    "{}: predicted step {step_new:.4}s vs {step_now:.4}s now ({cleared} ≥ minGainPercent {}% + {margin:.1}% noise margin)",
                     cfg.policy, cfg.min_gain_percent
                 );
                 let alpha = pm
@@ -359,4 +374,31 @@ impl Balancer {
         out.plan = Some(plan);
         Ok(self.finish(out, Some(cur)))
     }
+}
+
+/// The split `plan` heads for: the same ranks training, within every bound
+/// but how far a batch may grow in one decision (ranks held at their batch
+/// for their CPU quota stay held). `None` when no such split exists.
+fn destination(
+    models: &[StepModel],
+    bounds: &Bounds,
+    quota_held: &[(usize, f64)],
+    plan: &[u32],
+) -> Option<Vec<u32>> {
+    let mut lower = bounds.lower.clone();
+    let mut upper = bounds.hard.clone();
+    for &(r, _) in quota_held {
+        if let (Some(u), Some(&held)) = (upper.get_mut(r), bounds.upper.get(r)) {
+            *u = held;
+        }
+    }
+    for (r, &b) in plan.iter().enumerate() {
+        if b == 0 {
+            lower[r] = 0;
+            upper[r] = 0;
+        }
+    }
+    optimal_split_bounded(models, bounds.global, &lower, &upper)
+        .ok()
+        .map(|s| s.batches)
 }
