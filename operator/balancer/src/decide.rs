@@ -7,9 +7,8 @@ use std::fmt::Write as _;
 use crate::decision::{gain_percent, noise_margin_percent};
 use crate::measured::{self, Review, Trial};
 use crate::policy::{policy_models, seed_models};
-use crate::rules::Bounds;
 use crate::rules::{push_note, quota_note};
-use crate::split::{max_step, optimal_split_bounded};
+use crate::split::max_step;
 use crate::subset::{self, secs};
 use crate::{Balancer, BalancerError, Decision, Policy, StepModel};
 
@@ -296,32 +295,45 @@ impl Balancer {
             _ => {
                 let margin = noise_margin_percent(pm.relative_error, n);
                 let threshold = f64::from(cfg.min_gain_percent) + margin;
-                // Judged on where the plan heads: a rank grows at most to
-                // twice its batch (plus 2) per decision, so a step of a
-                // small rank toward its share gains little by itself, and
-                // would never clear the hysteresis (in a test, a rank back
-                // at 1 of 120 samples beside three equal ranks stayed at 1).
-                let heading = destination(split_models, &bounds, &quota_held, &plan)
-                    .map(|b| with_exchange(max_step(predict_models, &b), &b));
-                let toward = heading.map_or(gain, |t| gain.max(gain_percent(step_now, t)));
-                if gain <= 0.0 || toward < threshold {
-                    let shown = if gain <= 0.0 { gain } else { toward };
+                // A rank kept in by its re-admission's verdict grows from
+                // its probe share within the growth bound: each step of a
+                // small rank gains little by itself, and under the
+                // hysteresis a rank back at 1 of 120 samples beside three
+                // equal ranks stayed at 1. While the bound is what holds
+                // it back, its steps skip the hysteresis; after, it is a
+                // rank like any other.
+                let needed = subset::trial_samples_needed(&cfg);
+                let verdict_in = |r: &crate::rank::RankState| {
+                    r.climbing || r.trial_samples.is_some_and(|k| k >= needed)
+                };
+                let climbing: Vec<usize> = (0..n)
+                    .filter(|&r| verdict_in(&self.ranks[r]))
+                    .filter(|&r| plan[r] > cur[r] && plan[r] >= bounds.upper[r])
+                    .collect();
+                for (r, rank) in self.ranks.iter_mut().enumerate() {
+                    rank.climbing = climbing.contains(&r);
+                }
+                if gain <= 0.0 || (gain < threshold && climbing.is_empty()) {
                     out.reason = format!(
-                        "{}: predicted gain {shown:.1}% is below minGainPercent {}% + {margin:.1}% noise margin; keeping the current plan",
+                        "{}: predicted gain {gain:.1}% is below minGainPercent {}% + {margin:.1}% noise margin; keeping the current plan",
                         cfg.policy, cfg.min_gain_percent
                     );
                     return Ok(self.finish(out, Some(cur)));
                 }
-                let cleared = if gain >= threshold {
-                    format!("gain {gain:.1}%")
+                if gain >= threshold {
+                    let _ = write!(
+                        reason,
+                        "{}: predicted step {step_new:.4}s vs {step_now:.4}s now (gain {gain:.1}% ≥ minGainPercent {}% + {margin:.1}% noise margin)",
+                        cfg.policy, cfg.min_gain_percent
+                    );
                 } else {
-                    format!("gain {gain:.1}% now, {toward:.1}% at the split it heads for")
-                };
-                let _ = write!(
-                    reason,
-                    "{}: predicted step {step_new:.4}s vs {step_now:.4}s now ({cleared} ≥ minGainPercent {}% + {margin:.1}% noise margin)",
-                    cfg.policy, cfg.min_gain_percent
-                );
+                    let _ = write!(
+                        reason,
+                        "{}: predicted step {step_new:.4}s vs {step_now:.4}s now (gain {gain:.1}%); {} grows from its probe share within the growth bound, kept in by its re-admission's verdict (no hysteresis)",
+                        cfg.policy,
+                        crate::decision::ranks_named(&climbing)
+                    );
+                }
                 let alpha = pm
                     .young
                     .iter()
@@ -374,31 +386,4 @@ impl Balancer {
         out.plan = Some(plan);
         Ok(self.finish(out, Some(cur)))
     }
-}
-
-/// The split `plan` heads for: the same ranks training, within every bound
-/// but how far a batch may grow in one decision (ranks held at their batch
-/// for their CPU quota stay held). `None` when no such split exists.
-fn destination(
-    models: &[StepModel],
-    bounds: &Bounds,
-    quota_held: &[(usize, f64)],
-    plan: &[u32],
-) -> Option<Vec<u32>> {
-    let mut lower = bounds.lower.clone();
-    let mut upper = bounds.hard.clone();
-    for &(r, _) in quota_held {
-        if let (Some(u), Some(&held)) = (upper.get_mut(r), bounds.upper.get(r)) {
-            *u = held;
-        }
-    }
-    for (r, &b) in plan.iter().enumerate() {
-        if b == 0 {
-            lower[r] = 0;
-            upper[r] = 0;
-        }
-    }
-    optimal_split_bounded(models, bounds.global, &lower, &upper)
-        .ok()
-        .map(|s| s.batches)
 }

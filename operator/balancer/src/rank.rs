@@ -80,6 +80,11 @@ pub(crate) struct RankState {
     /// Multiple of `readmitAfterDecisions` the next lost leave-out trial
     /// makes it wait: 1, doubled by each lost trial (capped).
     pub trial_factor: u32,
+    /// Kept in by its re-admission's verdict, and growing from its probe
+    /// share: while the growth bound (2·b + 2 per decision) is what holds
+    /// it back, each step toward its share is taken without the
+    /// hysteresis, as the verdict itself was (see `Balancer::decide`).
+    pub climbing: bool,
 }
 
 /// What a re-admission costs: the step measured before it (the rank out)
@@ -135,6 +140,7 @@ impl RankState {
             presence: None,
             trial_wait: 0,
             trial_factor: 1,
+            climbing: false,
         }
     }
 

@@ -420,6 +420,9 @@ pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerCon
     let mut notes = String::new();
     for (r, (rank, &b)) in ranks.iter_mut().zip(decided).enumerate() {
         rank.left_out = b == 0;
+        if b == 0 {
+            rank.climbing = false;
+        }
         match rank.trial_samples {
             Some(n) if n >= trial_samples_needed(cfg) => {
                 rank.trial_samples = None;
@@ -447,6 +450,7 @@ pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerCon
                 } else {
                     rank.readmit_factor = 1;
                     rank.probe_wait = 0;
+                    rank.climbing = true;
                     let _ = write!(notes, "; rank {r} stays in after its measurement");
                 }
             }
