@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -29,6 +30,21 @@
 using namespace ht;
 
 namespace {
+
+// PyTorch's flight recorder (on by default, 2,000 entries) records every
+// collective, and registers a process group's status in a map before it
+// takes its lock: two threads whose process groups record for the first
+// time at once can corrupt that map (seen as a SIGSEGV in
+// std::_Rb_tree_insert_and_rebalance under
+// FlightRecorder::recordWithResetEnabled, about one run in 40 of the c10d
+// test, where two ranks run as threads of one process). The trainer does
+// not read its records, so it is off unless TORCH_FR_BUFFER_SIZE is set.
+// Set before main, while the process has one thread (setenv is not safe
+// beside a concurrent getenv); the recorder reads it on first use.
+[[maybe_unused]] const bool kFlightRecorderOff = [] {
+  setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  return true;
+}();
 
 std::shared_ptr<::gloo::transport::Device> make_device(const char* bind_host,
                                                        const char* iface) {

@@ -63,6 +63,18 @@ fn two_ranks_run_every_collective() {
     }
 }
 
+/// PyTorch's flight recorder is off in the trainer's processes (its
+/// first record of each process group races with the other threads'),
+/// unless TORCH_FR_BUFFER_SIZE was set before the process started.
+#[test]
+fn the_flight_recorder_is_off_unless_asked_for() {
+    assert_eq!(
+        std::env::var("TORCH_FR_BUFFER_SIZE").as_deref(),
+        Ok("0"),
+        "the shim's initializer sets it before main"
+    );
+}
+
 #[test]
 fn dead_peer_is_an_error_within_the_collective_timeout() {
     let port = common::free_port();
