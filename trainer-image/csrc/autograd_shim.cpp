@@ -72,4 +72,12 @@ int ht_allreduce_sum_autograd(void* h, at::Tensor* x, at::Tensor** out, char* er
     *out = new at::Tensor(std::move(y));
   });
 }
+
+// Drop the gradients of params[0..n) (Python's `p.grad = None`): backward's
+// next gradient is then taken as it is (AccumulateGrad steals it) and the
+// Reducer copies it into its bucket once, where zeroing in place would cost
+// a fill and an add over every gradient.
+void ht_clear_grads(at::Tensor** params, size_t n) {
+  for (size_t i = 0; i < n; ++i) params[i]->mutable_grad().reset();
+}
 }

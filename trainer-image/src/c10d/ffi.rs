@@ -103,6 +103,7 @@ extern "C" {
         len: usize,
     ) -> c_int;
     pub(super) fn ht_pg_barrier(h: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+    pub(super) fn ht_clear_grads(params: *mut *mut c_void, n: usize);
     pub(super) fn ht_allreduce_sum_autograd(
         h: *mut c_void,
         x: *mut c_void,

@@ -59,6 +59,17 @@ pub fn fused_sgd(p: &Tensor, g: &Tensor, m: &Tensor, c: &[f64]) -> Result<bool> 
     Ok(applied != 0)
 }
 
+/// Drop the gradients of `params` (PyTorch's `p.grad = None`). The next
+/// backward then hands each gradient over as computed: with a Reducer it is
+/// copied into its bucket once (and `.grad()` points into the bucket again),
+/// where zeroing in place costs a fill and an add over every gradient.
+pub fn clear_grads(params: &[Tensor]) {
+    let mut ptrs: Vec<*mut c_void> = params.iter().map(|p| p.as_ptr() as *mut c_void).collect();
+    // SAFETY: every pointer is a live tensor borrowed for the call; the
+    // shim only resets each one's gradient slot.
+    unsafe { ht_clear_grads(ptrs.as_mut_ptr(), ptrs.len()) }
+}
+
 /// Quiet c10d's own stderr logging (its errors reach us as exceptions)
 /// unless the user set `TORCH_CPP_LOG_LEVEL`.
 pub fn quiet_c10_logging() {

@@ -309,7 +309,7 @@ impl<'a> Trainer<'a> {
             None => (None, None),
         };
 
-        zero_grads(&self.p.params);
+        crate::c10d::clear_grads(&self.p.params);
         // The b_r / B weight goes into the loss, so the SUM of the ranks'
         // gradients is the gradient of the mean loss over the global batch,
         // and cross-rank terms (synchronised BatchNorm) are weighted right.
@@ -491,18 +491,6 @@ impl<'a> Trainer<'a> {
             plan: proposed,
             lag,
             every: control::word_interval(self.cfg.dist.control_interval_ms, self.step_ema),
-        }
-    }
-}
-
-/// Zero the gradients in place (they may be views into the Reducer's
-/// bucket buffers, which must stay in place).
-fn zero_grads(params: &[Tensor]) {
-    let _guard = tch::no_grad_guard();
-    for p in params {
-        let mut g = p.grad();
-        if g.defined() {
-            let _ = g.f_zero_();
         }
     }
 }
