@@ -263,6 +263,7 @@ impl Balancer {
                 self.measured.trial = Some(Trial {
                     rank: t.rank,
                     with_seconds: w,
+                    margin: t.margin,
                     decisions: 0,
                 });
                 out.predicted_step_seconds = t.predicted_seconds;

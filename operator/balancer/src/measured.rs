@@ -110,6 +110,9 @@ pub(crate) struct Trial {
     pub rank: usize,
     /// Step seconds measured with it, before the trial.
     pub with_seconds: f64,
+    /// How much shorter the step without it must measure for it to stay
+    /// out, a fraction ([`verdict_margin`] at the plan it left).
+    pub margin: f64,
     /// Decisions since the trial started without a step measured.
     pub decisions: u32,
 }
@@ -129,7 +132,50 @@ pub(crate) struct Review {
 
 /// Whether `without` is at least `margin`% shorter than `with`.
 fn shorter(without: f64, with: f64, margin: u32) -> bool {
-    without < with * (1.0 - f64::from(margin.min(100)) / 100.0)
+    shorter_by(without, with, f64::from(margin.min(100)) / 100.0)
+}
+
+/// Whether `without` is shorter than `with` by at least the fraction `m`.
+fn shorter_by(without: f64, with: f64, m: f64) -> bool {
+    without < with * (1.0 - m)
+}
+
+/// How much shorter (a fraction) the step measured without `rank` must be
+/// for it to stay out of `current`: `leaveOutMarginPercent`, or — when less
+/// — the most its samples can save. With `b` of `total` samples, the
+/// others take its `b` and their compute grows by at most `b / (total −
+/// b)`, while the exchange loses a member, so leaving it out costs the step
+/// at most that fraction; a wrong verdict on noise costs no more. The
+/// margin guards against noise only where a wrong verdict could cost more:
+/// on four quota-bound ranks (0.6 / 0.42 / 0.24 / 0.15 core, simple_cnn,
+/// B 128) the 0.15-core rank at 2 samples made the step 9% longer than at
+/// 0, under the 10% default margin, for a share worth 1.6%.
+pub(crate) fn verdict_margin(current: &[u32], rank: usize, margin: u32) -> f64 {
+    let m = f64::from(margin.min(100)) / 100.0;
+    share_worth(current, rank).map_or(m, |w| m.min(w))
+}
+
+/// The most `rank`'s samples can save of the step under `current`, a
+/// fraction: `b / (total − b)` (see [`verdict_margin`]); `None` when it
+/// trains nothing or alone.
+fn share_worth(current: &[u32], rank: usize) -> Option<f64> {
+    let b = f64::from(current.get(rank).copied().unwrap_or(0));
+    let total: f64 = current.iter().map(|&x| f64::from(x)).sum();
+    (b > 0.0 && total > b).then(|| b / (total - b))
+}
+
+/// The margin a verdict needed, for its note: "leaveOutMarginPercent 10%",
+/// or "1.6% (the most its samples can save, under leaveOutMarginPercent
+/// 10%)".
+fn margin_text(m: f64, margin: u32) -> String {
+    if m < f64::from(margin.min(100)) / 100.0 {
+        format!(
+            "{:.1}% (the most its samples can save, under leaveOutMarginPercent {margin}%)",
+            100.0 * m
+        )
+    } else {
+        format!("leaveOutMarginPercent {margin}%")
+    }
 }
 
 /// The step measured over the decision interval that ran `current`: the
@@ -185,7 +231,7 @@ pub(crate) fn review(
             out.settled = true;
             let r = t.rank;
             match measured {
-                Some(w) if shorter(w, t.with_seconds, margin) => {
+                Some(w) if shorter_by(w, t.with_seconds, t.margin) => {
                     rank.presence = Some(Presence {
                         with_seconds: t.with_seconds,
                         without_seconds: w,
@@ -194,10 +240,11 @@ pub(crate) fn review(
                     out.held_out.push(r);
                     let _ = write!(
                         out.note,
-                        "rank {r} stays left out after its leave-out trial: the step measured without it, {}, is {:.0}% shorter than the {} measured with it (leaveOutMarginPercent {margin}%): its presence costs about {}/step that its compute does not show",
+                        "rank {r} stays left out after its leave-out trial: the step measured without it, {}, is {:.1}% shorter than the {} measured with it (it needed {}): its presence costs about {}/step that its compute does not show",
                         secs(w),
                         100.0 * (1.0 - w / t.with_seconds),
                         secs(t.with_seconds),
+                        margin_text(t.margin, margin),
                         secs(t.with_seconds - w)
                     );
                 }
@@ -220,9 +267,10 @@ pub(crate) fn review(
                     out.back.push(r);
                     let why = match w {
                         Some(w) => format!(
-                            "the step measured without it, {}, is not leaveOutMarginPercent {margin}% shorter than the {} measured with it",
+                            "the step measured without it, {}, is not shorter than the {} measured with it by {}",
                             secs(w),
-                            secs(t.with_seconds)
+                            secs(t.with_seconds),
+                            margin_text(t.margin, margin)
                         ),
                         None => format!("no step was measured without it in {TRIAL_MAX_DECISIONS} decisions"),
                     };
@@ -259,8 +307,11 @@ pub(crate) fn review(
                 }
                 out.settled = true;
                 let sep = if out.note.is_empty() { "" } else { "; " };
+                // The configured margin: at its probe batch the rank's samples
+                // show only its fixed cost, not what it saves at its share.
+                let m = f64::from(margin.min(100)) / 100.0;
                 match measured {
-                    Some(w) if shorter(p.without_seconds, w, margin) => {
+                    Some(w) if shorter_by(p.without_seconds, w, m) => {
                         rank.presence = Some(Presence {
                             with_seconds: w,
                             ..p
@@ -268,17 +319,19 @@ pub(crate) fn review(
                         out.held_out.push(r);
                         let _ = write!(
                             out.note,
-                            "{sep}rank {r} left out again: the step measured with it, {}, is still over leaveOutMarginPercent {margin}% longer than the {} measured without it",
+                            "{sep}rank {r} left out again: the step measured without it, {}, is still shorter than the {} measured with it by {}",
+                            secs(p.without_seconds),
                             secs(w),
-                            secs(p.without_seconds)
+                            margin_text(m, margin)
                         );
                     }
                     Some(w) => {
                         let _ = write!(
                             out.note,
-                            "{sep}rank {r} stays in: the step measured without it, {}, is not leaveOutMarginPercent {margin}% shorter than the {} measured with it now",
+                            "{sep}rank {r} stays in: the step measured without it, {}, is not shorter than the {} measured with it now by {}",
                             secs(p.without_seconds),
-                            secs(w)
+                            secs(w),
+                            margin_text(m, margin)
                         );
                     }
                     None => {}
@@ -389,6 +442,12 @@ pub(crate) struct TrialStart {
     /// The share of its CPU quota the rank used, when it starts on that
     /// ground ([`quota_bound`]) rather than on the measured step's excess.
     pub quota_use: Option<f64>,
+    /// The most its samples can save (a fraction of the step), when it
+    /// starts on that ground: worth less than the margin.
+    pub cheap: Option<f64>,
+    /// How much shorter the step without it must measure for it to stay
+    /// out, a fraction ([`verdict_margin`]).
+    pub margin: f64,
 }
 
 /// The split models, the models predictions use, and the global batch.
@@ -446,7 +505,22 @@ pub(crate) fn trial_start(
         .get(rank)
         .and_then(|s| quota_bound(s, rank, current, &split.batches));
     let factor = excess_factor(&split.batches);
+    // A rank on a CPU quota whose samples can save less than the margin:
+    // its own part of each exchange runs at its quota's pace, which its
+    // compute model does not show, and its trial costs at most its share
+    // of the step for one interval (the others absorb its samples); so it
+    // needs only a measured step that its absence is predicted to shorten
+    // by as much. (Without a quota, a step longer than its compute is the
+    // exchange every rank shares: trying each small rank would cost every
+    // job with many small ranks a trial per rank.)
+    let worth = verdict_margin(current, rank, margin);
+    let cheap = (ranks.get(rank).is_some_and(|s| s.quota_use.is_some())
+        && share_worth(current, rank).is_some_and(|w| w < f64::from(margin.min(100)) / 100.0)
+        && measured > predicted
+        && shorter_by(predicted_seconds, measured, worth))
+    .then_some(worth);
     if quota_use.is_none()
+        && cheap.is_none()
         && (measured <= predicted
             || measured < factor * predicted
             || !shorter(predicted_seconds, measured, margin))
@@ -456,6 +530,7 @@ pub(crate) fn trial_start(
             quota_use: ranks.get(rank).and_then(|s| s.quota_use),
             factor,
             without_seconds: predicted_seconds,
+            worth: share_worth(current, rank).unwrap_or(1.0),
         };
         return Err(small(current, rank).then(|| held.note(current, measured, predicted, margin)));
     }
@@ -464,6 +539,8 @@ pub(crate) fn trial_start(
         plan: split.batches,
         predicted_seconds,
         quota_use,
+        cheap: cheap.filter(|_| quota_use.is_none()),
+        margin: worth,
     })
 }
 
@@ -487,6 +564,9 @@ struct Held {
     factor: f64,
     /// The predicted compute step of the best split without it.
     without_seconds: f64,
+    /// The most its samples can save, a fraction of the step
+    /// ([`verdict_margin`]).
+    worth: f64,
 }
 
 impl Held {
@@ -508,6 +588,24 @@ impl Held {
                 secs(self.without_seconds)
             ));
         }
+        let m = f64::from(margin.min(100)) / 100.0;
+        why.push(if self.quota_use.is_none() {
+            format!(
+                "its samples can save up to {:.1}% of the step (a trial on that ground needs a CPU quota and under leaveOutMarginPercent {margin}%)",
+                100.0 * self.worth
+            )
+        } else if self.worth < m {
+            format!(
+                "its samples can save at most {:.1}% of the step, and the compute step predicted without it, {}, is not that much shorter than the step measured with it",
+                100.0 * self.worth,
+                secs(self.without_seconds)
+            )
+        } else {
+            format!(
+                "its samples can save up to {:.1}% of the step (a trial on that ground needs a CPU quota and under leaveOutMarginPercent {margin}%)",
+                100.0 * self.worth
+            )
+        });
         why.push(match self.quota_use {
             Some(u) => format!(
                 "it used {:.0}% of its CPU quota (a trial on that ground needs {:.0}% and two ranks training without it)",
@@ -537,19 +635,32 @@ pub(crate) fn trial_reason(
     if let Some(used) = t.quota_use {
         let total: u32 = current.iter().sum();
         return format!(
-            "leave-out trial: rank {} (batch {b} of {total}, the slowest per sample) left out for one decision interval: it used {:.0}% of its CPU quota, so its own part of each step (such as its share of the gradient exchange) cannot go faster; the step measured with it is {}; it stays out only if the step measured without it is at least leaveOutMarginPercent {margin}% shorter (predicted compute step without it {})",
+            "leave-out trial: rank {} (batch {b} of {total}, the slowest per sample) left out for one decision interval: it used {:.0}% of its CPU quota, so its own part of each step (such as its share of the gradient exchange) cannot go faster; the step measured with it is {}; it stays out only if the step measured without it is shorter by {} (predicted compute step without it {})",
             t.rank,
             100.0 * used,
             secs(measured),
+            margin_text(t.margin, margin),
             secs(t.predicted_seconds)
         );
     }
+    if let Some(worth) = t.cheap {
+        let total: u32 = current.iter().sum();
+        return format!(
+            "leave-out trial: rank {} (batch {b} of {total}, the slowest per sample) left out for one decision interval: its samples can save at most {:.1}% of the step, and the compute step predicted without it, {}, is more than that shorter than the step measured with it, {} — time its compute model does not show, such as its share of the gradient exchange; it stays out only if the step measured without it is shorter by {}",
+            t.rank,
+            100.0 * worth,
+            secs(t.predicted_seconds),
+            secs(measured),
+            margin_text(t.margin, margin)
+        );
+    }
     format!(
-        "leave-out trial: rank {} (batch {b}, the slowest per sample) left out for one decision interval: the step measured with it, {}, is {:.1}× the predicted compute step {} — time its compute model does not show, such as its share of the gradient exchange; it stays out only if the step measured without it is at least leaveOutMarginPercent {margin}% shorter (predicted compute step without it {})",
+        "leave-out trial: rank {} (batch {b}, the slowest per sample) left out for one decision interval: the step measured with it, {}, is {:.1}× the predicted compute step {} — time its compute model does not show, such as its share of the gradient exchange; it stays out only if the step measured without it is shorter by {} (predicted compute step without it {})",
         t.rank,
         secs(measured),
         measured / predicted,
         secs(predicted),
+        margin_text(t.margin, margin),
         secs(t.predicted_seconds)
     )
 }
@@ -562,6 +673,20 @@ mod tests {
         let mut r = RankState::new(4);
         r.step_time = (times.iter().sum(), times.len() as u32);
         r
+    }
+
+    #[test]
+    fn the_verdict_margin_is_the_smaller_of_the_margin_and_what_the_samples_save() {
+        // 2 of 128: the other ranks take 2 more samples over their 126.
+        let m = verdict_margin(&[64, 44, 18, 2], 3, 10);
+        assert!((m - 2.0 / 126.0).abs() < 1e-12, "{m}");
+        // 18 of 128 can save 18 / 110 > 10%.
+        assert_eq!(verdict_margin(&[64, 44, 18, 2], 2, 10), 0.10);
+        // Not training, or alone: the margin.
+        assert_eq!(verdict_margin(&[64, 44, 20, 0], 3, 10), 0.10);
+        assert_eq!(verdict_margin(&[128], 0, 10), 0.10);
+        assert!(shorter_by(0.97, 1.0, 2.0 / 126.0));
+        assert!(!shorter_by(0.99, 1.0, 2.0 / 126.0));
     }
 
     #[test]
