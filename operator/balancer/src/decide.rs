@@ -304,6 +304,32 @@ impl Balancer {
                 // it back, its steps skip the hysteresis; after, it is a
                 // rank like any other.
                 let needed = subset::trial_samples_needed(&cfg);
+                // A climb ends when its last step measured a longer step
+                // than the interval before it: its compute model, fitted on
+                // a few samples at a small batch (on a CPU quota, timed
+                // between throttled periods), promised a gain the step
+                // does not show. On four quota-bound ranks a re-admitted
+                // 0.15-core rank climbed 1 → 2 → 4 → 7 → 16 while the
+                // measured step went 27.6 → 28.3 → 28.1 → 33.5 → 42.1 ms.
+                if let (Some((before_plan, before)), Some(w)) = (&previous_window, measured) {
+                    if before_plan.as_slice() != cur && w > *before {
+                        let ended: Vec<usize> = (0..n)
+                            .filter(|&r| self.ranks[r].climbing)
+                            .filter(|&r| before_plan.get(r).is_some_and(|&b| b < cur[r]))
+                            .collect();
+                        for &r in &ended {
+                            self.ranks[r].climbing = false;
+                        }
+                        if !ended.is_empty() {
+                            self.measured.add_note(&format!(
+                                "{} no longer climbs: the step measured at its last climb, {}, is longer than the {} before it",
+                                crate::decision::ranks_named(&ended),
+                                subset::secs(w),
+                                subset::secs(*before)
+                            ));
+                        }
+                    }
+                }
                 let verdict_in = |r: &crate::rank::RankState| {
                     r.climbing || r.trial_samples.is_some_and(|k| k >= needed)
                 };

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config, feed, m, plan_of, profiled, sum};
+use common::{config, feed, feed_measured, m, plan_of, profiled, sum};
 use heterotrain_balancer::{Balancer, BalancerConfig, Decision, Policy, StepModel};
 
 /// Three fast ranks; rank 3's fixed cost alone (0.4 s) is eight times
@@ -303,6 +303,60 @@ fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
         }
     }
     panic!("rank 3 was not left out and re-admitted: {plan:?}");
+}
+
+/// A re-admitted rank whose compute looks fine but whose every sample
+/// lengthens the step (3 ms each, time its compute model does not show)
+/// stops climbing once a climb step measures a longer step; under the
+/// hysteresis the small predicted gains then keep its batch (with the
+/// climb left on, it grew again at the next decision).
+#[test]
+fn a_climb_that_measures_a_longer_step_ends() {
+    let slow = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+    let cfg = BalancerConfig {
+        readmit_after_decisions: 2,
+        ..config(Policy::Dynamic, 120)
+    };
+    let (mut bal, mut back) = left_out_once(cfg, &slow);
+    let hidden = |p: &[u32]| 0.003 * f64::from(p[3]);
+    for _ in 0..2 {
+        feed_measured(&mut bal, &back, &slow, 20, &hidden);
+        back = bal
+            .decide(&back)
+            .expect("decide")
+            .batches_or(&back)
+            .to_vec();
+    }
+    assert!(back[3] >= 1, "{back:?}");
+    // As fast as the others by its compute: a share of 30, each step of
+    // the growth bound toward it predicted to gain a few percent.
+    let fair = vec![m(0.01, 0.001); 4];
+    feed_measured(&mut bal, &back, &fair, 20, &hidden);
+    let d = bal.decide(&back).expect("decide");
+    assert!(
+        d.reason.contains("rank 3 stays in after its measurement"),
+        "{}",
+        d.reason
+    );
+    let climbed = d.batches_or(&back).to_vec();
+    assert!(climbed[3] > back[3], "{back:?} -> {climbed:?}");
+    feed_measured(&mut bal, &climbed, &fair, 20, &hidden);
+    let d = bal.decide(&climbed).expect("decide");
+    assert!(
+        d.reason
+            .contains("rank 3 no longer climbs: the step measured at its last climb"),
+        "{}",
+        d.reason
+    );
+    let mut now = d.batches_or(&climbed).to_vec();
+    assert!(now[3] <= climbed[3], "{climbed:?} -> {now:?}: {}", d.reason);
+    for _ in 0..4 {
+        feed_measured(&mut bal, &now, &fair, 20, &hidden);
+        let d = bal.decide(&now).expect("decide");
+        let next = d.batches_or(&now).to_vec();
+        assert!(next[3] <= now[3], "{now:?} -> {next:?}: {}", d.reason);
+        now = next;
+    }
 }
 
 #[test]
