@@ -589,12 +589,7 @@ impl Held {
             ));
         }
         let m = f64::from(margin.min(100)) / 100.0;
-        why.push(if self.quota_use.is_none() {
-            format!(
-                "its samples can save up to {:.1}% of the step (a trial on that ground needs a CPU quota and under leaveOutMarginPercent {margin}%)",
-                100.0 * self.worth
-            )
-        } else if self.worth < m {
+        why.push(if self.quota_use.is_some() && self.worth < m {
             format!(
                 "its samples can save at most {:.1}% of the step, and the compute step predicted without it, {}, is not that much shorter than the step measured with it",
                 100.0 * self.worth,
