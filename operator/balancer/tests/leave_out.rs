@@ -243,17 +243,29 @@ fn the_wait_before_a_readmission_doubles_up_to_eight_times() {
     assert_eq!(heterotrain_balancer::MAX_READMIT_FACTOR, 8);
 }
 
-#[test]
-fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
-    let slow = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
+/// Step time no compute model shows, by plan.
+type Exchange = dyn Fn(&[u32]) -> f64;
+
+/// Three equal ranks and rank 3, 100 times slower per sample.
+fn slow_rank_3() -> Vec<StepModel> {
+    vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)]
+}
+
+/// Rank 3 of [`slow_rank_3`] left out, then re-admitted for measurement at
+/// the 2nd decision after (`readmitAfterDecisions` 2); with `exchange`,
+/// every rank also reports whole steps of the slowest compute plus it.
+fn readmitted(exchange: Option<&Exchange>) -> (Balancer, Vec<u32>) {
     let cfg = BalancerConfig {
         readmit_after_decisions: 2,
         ..config(Policy::Dynamic, 120)
     };
+    let slow = slow_rank_3();
     let (mut bal, mut back) = left_out_once(cfg, &slow);
-    // Re-admitted at the 2nd decision.
     for _ in 0..2 {
-        feed(&mut bal, &back, &slow, 20);
+        match exchange {
+            Some(e) => feed_measured(&mut bal, &back, &slow, 20, e),
+            None => feed(&mut bal, &back, &slow, 20),
+        }
         back = bal
             .decide(&back)
             .expect("decide")
@@ -261,6 +273,13 @@ fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
             .to_vec();
     }
     assert!(back[3] >= 1, "{back:?}");
+    (bal, back)
+}
+
+#[test]
+fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
+    let slow = slow_rank_3();
+    let (mut bal, back) = readmitted(None);
     // The device recovered: as fast as the others now.
     let healthy = vec![m(0.01, 0.001); 4];
     feed(&mut bal, &back, &healthy, 20);
@@ -312,22 +331,8 @@ fn a_readmitted_rank_that_recovered_stays_in_and_its_wait_resets() {
 /// climb left on, it grew again at the next decision).
 #[test]
 fn a_climb_that_measures_a_longer_step_ends() {
-    let slow = vec![m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.001), m(0.01, 0.1)];
-    let cfg = BalancerConfig {
-        readmit_after_decisions: 2,
-        ..config(Policy::Dynamic, 120)
-    };
-    let (mut bal, mut back) = left_out_once(cfg, &slow);
     let hidden = |p: &[u32]| 0.003 * f64::from(p[3]);
-    for _ in 0..2 {
-        feed_measured(&mut bal, &back, &slow, 20, &hidden);
-        back = bal
-            .decide(&back)
-            .expect("decide")
-            .batches_or(&back)
-            .to_vec();
-    }
-    assert!(back[3] >= 1, "{back:?}");
+    let (mut bal, back) = readmitted(Some(&hidden));
     // As fast as the others by its compute: a share of 30, each step of
     // the growth bound toward it predicted to gain a few percent.
     let fair = vec![m(0.01, 0.001); 4];
