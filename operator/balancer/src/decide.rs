@@ -247,16 +247,26 @@ impl Balancer {
                         }
                     })
                     .ok();
-            // And only on an excess seen over two intervals in a row.
-            let start =
-                match start.map(|t| (measured::steady(previous_window.as_ref(), cur, w, m), t)) {
-                    Some((Err(why), t)) => {
-                        self.measured
-                            .add_note(&measured::unsteady_note(t.rank, w, why, m));
-                        None
-                    }
-                    other => other.map(|(_, t)| t),
+            // And only on an excess seen over two intervals in a row —
+            // for a rank whose samples save less than the margin, two
+            // intervals at this plan, whatever the first measured: a trial
+            // on a passing excess costs it no more than its share, and on
+            // CPU quotas the step moves 10% between intervals at one plan.
+            let start = match start.map(|t| {
+                let steady = measured::steady(previous_window.as_ref(), cur, w, m);
+                let steady = match steady {
+                    Err(Some(_)) if t.cheap.is_some() => Ok(()),
+                    other => other,
                 };
+                (steady, t)
+            }) {
+                Some((Err(why), t)) => {
+                    self.measured
+                        .add_note(&measured::unsteady_note(t.rank, w, why, m));
+                    None
+                }
+                other => other.map(|(_, t)| t),
+            };
             if let Some(t) = start {
                 let why = measured::trial_reason(&t, cur, w, pred, m);
                 out.reason = format!("{}: {why}", cfg.policy);

@@ -339,6 +339,47 @@ fn a_small_rank_worth_less_than_the_margin_is_tried_on_the_measured_step() {
     }
 }
 
+/// On CPU quotas the step moves by 10% or more between intervals at one
+/// plan. A trial of a rank worth less than the margin needs two intervals
+/// at the plan but not a steady step (it costs at most its share); a
+/// quota-saturation trial of a rank worth more still waits for one.
+#[test]
+fn a_small_ranks_trial_does_not_wait_for_a_steady_step() {
+    let flip = std::cell::Cell::new(false);
+    // Rank 3's cost, 1× and 1.6× in turn: the step moves about 18%.
+    let unsteady = |p: &[u32]| {
+        flip.set(!flip.get());
+        late_by_rank_3(p) * if flip.get() { 1.6 } else { 1.0 }
+    };
+    let mut bal = profiled(four_config(), &four_speeds());
+    let rounds = run_four(&mut bal, 8, &unsteady, Some([0.6, 0.7, 0.8, 0.8]));
+    let reasons = || rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>();
+    assert!(
+        rounds.iter().any(|(d, p)| p[3] == 0
+            && d.reason.contains("leave-out trial: rank 3")
+            && d.reason
+                .contains("its samples can save at most 9.4% of the step")),
+        "{:#?}",
+        reasons()
+    );
+    let cfg = BalancerConfig {
+        leave_out_margin_percent: 5,
+        ..four_config()
+    };
+    let mut bal = profiled(cfg, &four_speeds());
+    let rounds = run_four(&mut bal, 8, &unsteady, Some([0.6, 0.7, 0.8, 0.97]));
+    for (d, p) in &rounds {
+        assert!(p[3] >= 1, "{p:?}: {}", d.reason);
+    }
+    assert!(
+        rounds.iter().any(|(d, _)| d
+            .reason
+            .contains("leave-out trial of rank 3 waits: the step measured over this interval")),
+        "{:#?}",
+        rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>()
+    );
+}
+
 /// With `leaveOutMarginPercent` 5%, rank 3's 11 samples of 128 can save
 /// more than the margin (9.4%): without quota saturation a step under
 /// twice the predicted compute step tries no rank.
