@@ -248,14 +248,17 @@ impl Balancer {
                     })
                     .ok();
             // And only on an excess seen over two intervals in a row —
-            // for a rank whose samples save less than the margin, two
-            // intervals at this plan, whatever the first measured: a trial
-            // on a passing excess costs it no more than its share, and on
-            // CPU quotas the step moves 10% between intervals at one plan.
+            // for a rank on a quota whose samples save less than the margin
+            // (on either ground), two intervals at this plan, whatever the
+            // first measured: a trial on a passing excess costs it no more
+            // than its share, and on CPU quotas the step moves 10% between
+            // intervals at one plan.
+            let small_share = f64::from(m.min(100)) / 100.0;
             let start = match start.map(|t| {
                 let steady = measured::steady(previous_window.as_ref(), cur, w, m);
+                let cheap = t.cheap.is_some() || (t.quota_use.is_some() && t.margin < small_share);
                 let steady = match steady {
-                    Err(Some(_)) if t.cheap.is_some() => Ok(()),
+                    Err(Some(_)) if cheap => Ok(()),
                     other => other,
                 };
                 (steady, t)

@@ -340,9 +340,10 @@ fn a_small_rank_worth_less_than_the_margin_is_tried_on_the_measured_step() {
 }
 
 /// On CPU quotas the step moves by 10% or more between intervals at one
-/// plan. A trial of a rank worth less than the margin needs two intervals
-/// at the plan but not a steady step (it costs at most its share); a
-/// quota-saturation trial of a rank worth more still waits for one.
+/// plan. A trial of a rank on a quota worth less than the margin, on
+/// either ground, needs two intervals at the plan but not a steady step
+/// (it costs at most its share); a quota-saturation trial of a rank worth
+/// more still waits for one.
 #[test]
 fn a_small_ranks_trial_does_not_wait_for_a_steady_step() {
     let flip = std::cell::Cell::new(false);
@@ -351,17 +352,20 @@ fn a_small_ranks_trial_does_not_wait_for_a_steady_step() {
         flip.set(!flip.get());
         late_by_rank_3(p) * if flip.get() { 1.6 } else { 1.0 }
     };
-    let mut bal = profiled(four_config(), &four_speeds());
-    let rounds = run_four(&mut bal, 8, &unsteady, Some([0.6, 0.7, 0.8, 0.8]));
-    let reasons = || rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>();
-    assert!(
-        rounds.iter().any(|(d, p)| p[3] == 0
-            && d.reason.contains("leave-out trial: rank 3")
-            && d.reason
-                .contains("its samples can save at most 9.4% of the step")),
-        "{:#?}",
-        reasons()
-    );
+    for (q3, ground) in [
+        (0.8, "its samples can save at most 9.4% of the step"),
+        (0.97, "it used 97% of its CPU quota"),
+    ] {
+        let mut bal = profiled(four_config(), &four_speeds());
+        let rounds = run_four(&mut bal, 8, &unsteady, Some([0.6, 0.7, 0.8, q3]));
+        assert!(
+            rounds.iter().any(|(d, p)| p[3] == 0
+                && d.reason.contains("leave-out trial: rank 3")
+                && d.reason.contains(ground)),
+            "{:#?}",
+            rounds.iter().map(|r| &r.0.reason).collect::<Vec<_>>()
+        );
+    }
     let cfg = BalancerConfig {
         leave_out_margin_percent: 5,
         ..four_config()
