@@ -67,6 +67,9 @@ pub struct StepRecord {
     /// This step started a control word (plan, stop, loss): every k-th
     /// step (`--control-interval-ms`).
     pub control_word: bool,
+    /// This step's batch was gathered during the step before it, on the
+    /// prefetch thread (`--no-prefetch` turns that off).
+    pub prefetched: bool,
     /// Wall-clock time the step ended (Unix seconds).
     pub unix_seconds: f64,
 }

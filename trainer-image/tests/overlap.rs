@@ -147,3 +147,52 @@ fn the_update_inside_backward_equals_the_update_after_it() {
         assert_eq!(max_abs_diff(&inside, &after), 0.0, "{opt}");
     }
 }
+
+/// The next batch gathered during the step before (the default) trains the
+/// same parameters, bit for bit, as each batch gathered when its step
+/// starts (`--no-prefetch`), across epoch boundaries (a new permutation each
+/// epoch) with unequal local batches; and the default really took every
+/// batch after the first from the prefetch thread.
+#[test]
+fn batches_gathered_ahead_train_the_same_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[40, 24]);
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        // 200 samples, 180 of them for training: 2 steps per epoch.
+        let mut a = mlp("64", "200", "64", "9", &["--deterministic", "--lr", "0.05"]);
+        a.extend(args(extra));
+        a.extend(path_arg("--output-dir", &out));
+        a.extend(path_arg("--plan-file", &plan));
+        run_ok(2, &a);
+        let prefetched: Vec<Vec<bool>> = (0..2)
+            .map(|r| {
+                steps(&log_records(&out, r))
+                    .iter()
+                    .map(|s| {
+                        s["prefetched"]
+                            .as_bool()
+                            .expect("prefetched in the step record")
+                    })
+                    .collect()
+            })
+            .collect();
+        (load_weights(&out.join("model.safetensors")), prefetched)
+    };
+    let (ahead, flags) = run("ahead", &[]);
+    let (at_step, flags_off) = run("at-step", &["--no-prefetch"]);
+    for r in 0..2 {
+        assert_eq!(flags[r].len(), 9, "rank {r}: {flags:?}");
+        assert!(
+            !flags[r][0],
+            "rank {r}: the first batch has no step before it"
+        );
+        assert!(
+            flags[r][1..].iter().all(|&p| p),
+            "rank {r}: a batch was gathered at its step: {flags:?}"
+        );
+        assert!(flags_off[r].iter().all(|&p| !p), "rank {r}: {flags_off:?}");
+    }
+    assert_eq!(max_abs_diff(&ahead, &at_step), 0.0);
+}

@@ -84,6 +84,12 @@ pub struct DataArgs {
     /// Take samples in order instead of a seeded permutation per epoch.
     #[arg(long)]
     pub no_shuffle: bool,
+    /// Gather each step's batch when the step starts, instead of during the
+    /// step before on a helper thread at idle CPU priority (which runs
+    /// while a core would otherwise wait, e.g. in the gradient exchange).
+    /// The batches are the same either way.
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 /// The trainer's `--context` when none is given.

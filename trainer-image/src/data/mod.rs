@@ -5,6 +5,7 @@
 
 pub mod cifar;
 pub mod mnist;
+pub mod prefetch;
 pub mod synthetic;
 pub mod tensors;
 pub mod tokens;

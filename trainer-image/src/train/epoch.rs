@@ -16,20 +16,30 @@ use super::setup::broadcast_all;
 use super::Trainer;
 
 impl Trainer<'_> {
+    /// The sampler's position after the current step.
+    pub(super) fn next_position(&self) -> SamplerPosition {
+        if self.pos.step_in_epoch + 1 >= self.p.steps_per_epoch {
+            SamplerPosition {
+                epoch: self.pos.epoch.saturating_add(1),
+                step_in_epoch: 0,
+            }
+        } else {
+            SamplerPosition {
+                epoch: self.pos.epoch,
+                step_in_epoch: self.pos.step_in_epoch + 1,
+            }
+        }
+    }
+
     /// Everything between two steps; every rank calls it after every step.
     pub(super) fn end_of_step(&mut self) -> Result<()> {
         let (cfg, step) = (self.cfg, self.step);
-        self.pos.step_in_epoch += 1;
-        let epoch_end = self.pos.step_in_epoch >= self.p.steps_per_epoch;
+        let next = self.next_position();
+        let epoch_end = next.step_in_epoch == 0;
         if (epoch_end || step == self.p.total) && self.p.data.eval_len() > 0 {
             self.evaluate()?;
         }
-        if epoch_end {
-            self.pos = SamplerPosition {
-                epoch: self.pos.epoch.saturating_add(1),
-                step_in_epoch: 0,
-            };
-        }
+        self.pos = next;
         self.balance_and_report()?;
         if cfg.output.checkpoint_every > 0
             && step % cfg.output.checkpoint_every == 0

@@ -28,6 +28,7 @@ use crate::c10d::{self, ProcessGroup, Reducer, SlotBinding};
 use crate::checkpoint::{self, Snapshot};
 use crate::cli::{BalancerMode, TrainerArgs};
 use crate::control;
+use crate::data::prefetch::Prefetcher;
 use crate::error::{Result, TrainerError};
 use crate::local_balance::{self, Interval, LocalBalancer};
 use crate::log::JsonlLog;
@@ -74,6 +75,25 @@ pub fn run(cfg: &TrainerArgs, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     t.finish()
 }
 
+/// The helper that gathers each next batch ahead (see [`Prefetcher`]);
+/// none with `--no-prefetch`, or with a warning where it cannot start.
+fn start_prefetch(cfg: &TrainerArgs, p: &Parts) -> Option<Prefetcher> {
+    if cfg.data.no_prefetch {
+        return None;
+    }
+    match Prefetcher::start(&p.data.train_x, &p.data.train_y) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!(
+                "rank {}: warning: no batch prefetch (its thread did not start: {e}); \
+                 each batch is gathered when its step starts",
+                cfg.dist.rank
+            );
+            None
+        }
+    }
+}
+
 /// The run's changing state, over the fixed [`Parts`] and the group.
 struct Trainer<'a> {
     cfg: &'a TrainerArgs,
@@ -107,6 +127,11 @@ struct Trainer<'a> {
     status_since: (Instant, u64),
     sampler: HeteroSampler,
     pos: SamplerPosition,
+    /// The next step's batch, gathered during this one (none with
+    /// `--no-prefetch`, or where the helper thread could not start).
+    prefetch: Option<Prefetcher>,
+    /// The current step's batch came from `prefetch`.
+    prefetched: bool,
     step: u64,
     /// The agreement for the next step boundary, from the control words
     /// due at the end of the previous step (none: nothing new).
@@ -171,6 +196,8 @@ impl<'a> Trainer<'a> {
                 epoch: 0,
                 step_in_epoch: 0,
             },
+            prefetch: start_prefetch(cfg, p),
+            prefetched: false,
             step: 0,
             carried: None,
             words: control::Pipeline::default(),

@@ -143,6 +143,7 @@ impl<'a> Trainer<'a> {
         // step it is due (`lag` steps later); it takes effect at the next
         // step boundary.
         let proposed = self.propose();
+        self.prefetched = false;
         // A word every `word_every` steps, at the same steps on every rank.
         let word_now = self.step >= self.next_word;
         self.word_now = word_now;
@@ -161,7 +162,21 @@ impl<'a> Trainer<'a> {
         }
 
         let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
-        let (x, y) = self.p.data.train_batch(&idx, device);
+        let ahead = self.prefetch.as_mut().and_then(|f| f.take(&idx));
+        self.prefetched = ahead.is_some();
+        let (x, y) = match ahead {
+            Some((x, y)) => (x.to_device(device), y.to_device(device)),
+            None => self.p.data.train_batch(&idx, device),
+        };
+        // The next step's rows under this plan (a plan change, or the run's
+        // end, leaves them unused).
+        if self.prefetch.is_some() && self.step + 1 < self.p.total {
+            let next = self.next_position();
+            let next_idx = self.sampler.rank_indices(next, &self.plan, rank);
+            if let Some(f) = self.prefetch.as_mut() {
+                f.request(next_idx);
+            }
+        }
         sync_device(device);
         let t1 = Instant::now();
         tm.data_seconds = (t1 - t0).as_secs_f64();
@@ -433,6 +448,7 @@ impl<'a> Trainer<'a> {
             updated_in_backward: updated.map(|u| u.early),
             optimizer_elements: hi - lo,
             control_word: self.word_now,
+            prefetched: self.prefetched,
             unix_seconds: crate::log::unix_seconds(),
         });
         self.p
