@@ -3,7 +3,9 @@
 # torch, model, global batch, threads per rank), 2 ranks on this machine.
 # The compared variants run interleaved (ours, DDP, ours, DDP, ...), so drift
 # on this shared machine hits both; prints the median samples/s of each and
-# the median and min-max of the paired ratios. Then the cost of synchronised
+# the median and min-max of the paired ratios. Then the update inside vs
+# after backward, and the next batch gathered ahead (the default) vs at its
+# step (--no-prefetch), paired the same way. Then the cost of synchronised
 # BatchNorm: ours with --batch-norm sync vs local, paired the same way.
 # resnet18 runs ours with --batch-norm local against DDP (DDP's BatchNorm is
 # per rank too: the same maths). Then the sharded optimizer update against
@@ -17,7 +19,8 @@
 #      HETEROTRAIN_PYTHON (python with torch 2.11), ONLY=ddp (the first two
 #      tables alone: ours vs DDP, the update inside vs after backward),
 #      ONLY=leave-out (the 0.05-core left-out rank's table alone),
-#      ONLY=owners (the slow rank's owners table alone)
+#      ONLY=owners (the slow rank's owners table alone),
+#      ONLY=prefetch (the next batch gathered ahead vs at the step alone)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -92,6 +95,20 @@ paired() {
     "$(printf '%s\n' "${rs[@]}" | median)" "$(printf '%s\n' "${rs[@]}" | minmax)"
 }
 
+# The next batch gathered ahead on the idle-priority thread (the default)
+# vs gathered when its step starts (--no-prefetch).
+prefetch_table() {
+  echo
+  echo "the next batch gathered ahead (the default) vs at the step, --no-prefetch (ours, $runs interleaved pairs)"
+  printf '| model, global batch | ahead samples/s | at the step samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
+  paired "mlp (hidden 512), 256" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --no-prefetch"
+  paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --no-prefetch"
+}
+if [ "${ONLY:-}" = prefetch ]; then
+  prefetch_table
+  exit 0
+fi
+
 if [ "${ONLY:-}" != leave-out ] && [ "${ONLY:-}" != owners ]; then
 echo "ours vs PyTorch DDP (2 ranks, $threads thread(s) each, $runs interleaved pairs)"
 printf '| model, global batch | ours samples/s | DDP samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
@@ -103,6 +120,7 @@ printf '| model, global batch | inside samples/s | after samples/s | ratio (medi
 paired "resnet18, 64" "ours resnet18 64 15 3 --batch-norm local" "ours resnet18 64 15 3 --batch-norm local --update-after-backward"
 paired "mlp (hidden 512), 256" "ours mlp 256 100 5 --hidden 512" "ours mlp 256 100 5 --hidden 512 --update-after-backward"
 [ "${ONLY:-}" = ddp ] && exit 0
+prefetch_table
 echo
 echo "synchronised BatchNorm vs per-rank (ours, resnet18, global batch 64, $runs interleaved pairs)"
 printf '| split | sync samples/s | local samples/s | ratio (median) | ratio (min–max) |\n|---|---|---|---|---|\n'
