@@ -151,8 +151,10 @@ fn the_update_inside_backward_equals_the_update_after_it() {
 /// The next batch gathered during the step before (the default) trains the
 /// same parameters, bit for bit, as each batch gathered when its step
 /// starts (`--no-prefetch`), across epoch boundaries (a new permutation each
-/// epoch) with unequal local batches; and the default really took every
-/// batch after the first from the prefetch thread.
+/// epoch) with unequal local batches; and the default really took batches
+/// from the prefetch thread (a 20 ms pause after each step leaves its CPU
+/// time to gather; a batch not ready when its step starts is gathered by
+/// the step itself, so on a loaded machine not every step finds one).
 #[test]
 fn batches_gathered_ahead_train_the_same_parameters() {
     let dir = tempfile::tempdir().unwrap();
@@ -161,7 +163,13 @@ fn batches_gathered_ahead_train_the_same_parameters() {
     let run = |name: &str, extra: &[&str]| {
         let out = dir.path().join(name);
         // 200 samples, 180 of them for training: 2 steps per epoch.
-        let mut a = mlp("64", "200", "64", "9", &["--deterministic", "--lr", "0.05"]);
+        let mut a = mlp(
+            "64",
+            "200",
+            "64",
+            "9",
+            &["--deterministic", "--lr", "0.05", "--step-sleep-ms", "20"],
+        );
         a.extend(args(extra));
         a.extend(path_arg("--output-dir", &out));
         a.extend(path_arg("--plan-file", &plan));
@@ -189,8 +197,8 @@ fn batches_gathered_ahead_train_the_same_parameters() {
             "rank {r}: the first batch has no step before it"
         );
         assert!(
-            flags[r][1..].iter().all(|&p| p),
-            "rank {r}: a batch was gathered at its step: {flags:?}"
+            flags[r][1..].iter().any(|&p| p),
+            "rank {r}: every batch was gathered at its step: {flags:?}"
         );
         assert!(flags_off[r].iter().all(|&p| !p), "rank {r}: {flags_off:?}");
     }

@@ -5,24 +5,32 @@
 //! for exactly the indices it was gathered for, so the data a step trains
 //! on never depends on whether its batch came from here.
 
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tch::{Device, Tensor};
 
-/// One gathered batch and the indices it holds.
+/// One gathered batch and the number of the request it answers.
 struct Gathered {
-    idx: Vec<usize>,
+    seq: u64,
     x: Tensor,
     y: Tensor,
 }
 
-/// The helper thread and the one request it may have in flight.
+/// Requests not yet answered, beyond which no new one is sent: the helper
+/// is behind (its CPU never idles), and each step gathers its own batch.
+const MAX_OUTSTANDING: usize = 2;
+
+/// The helper thread and the requests it has been sent.
 pub struct Prefetcher {
-    requests: Option<Sender<Vec<usize>>>,
+    requests: Option<Sender<(u64, Vec<usize>)>>,
     batches: Receiver<Gathered>,
-    /// Requested and not yet taken.
-    in_flight: Option<Vec<usize>>,
+    /// The newest request (number, indices), until taken.
+    wanted: Option<(u64, Vec<usize>)>,
+    next_seq: u64,
+    /// Requests sent and not yet answered.
+    outstanding: usize,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -30,16 +38,17 @@ impl Prefetcher {
     /// A helper thread gathering rows of `x` and `y` (shared, not copied).
     pub fn start(x: &Tensor, y: &Tensor) -> std::io::Result<Prefetcher> {
         let (x, y) = (x.shallow_clone(), y.shallow_clone());
-        let (req_tx, req_rx) = channel::<Vec<usize>>();
+        let (req_tx, req_rx) = channel::<(u64, Vec<usize>)>();
         let (out_tx, out_rx) = channel::<Gathered>();
         let worker = std::thread::Builder::new()
             .name("ht-prefetch".into())
             .spawn(move || {
                 idle_priority();
                 let _no_grad = tch::no_grad_guard();
-                for idx in req_rx {
+                for (seq, idx) in req_rx {
                     let (bx, by) = super::gather(&x, &y, &idx, Device::Cpu);
-                    if out_tx.send(Gathered { idx, x: bx, y: by }).is_err() {
+                    let out = Gathered { seq, x: bx, y: by };
+                    if out_tx.send(out).is_err() {
                         break;
                     }
                 }
@@ -47,31 +56,61 @@ impl Prefetcher {
         Ok(Prefetcher {
             requests: Some(req_tx),
             batches: out_rx,
-            in_flight: None,
+            wanted: None,
+            next_seq: 0,
+            outstanding: 0,
             worker: Some(worker),
         })
     }
 
-    /// Start gathering the rows `idx` for a later [`Prefetcher::take`].
-    /// One request at a time: while one is in flight, this does nothing.
+    /// Start gathering the rows `idx` for a later [`Prefetcher::take`]; an
+    /// earlier request not taken is abandoned. Nothing is sent while the
+    /// helper is [`MAX_OUTSTANDING`] requests behind.
     pub fn request(&mut self, idx: Vec<usize>) {
-        if self.in_flight.is_some() {
+        while self.next_ready(None).is_some() {}
+        if self.outstanding >= MAX_OUTSTANDING {
+            self.wanted = None;
             return;
         }
+        let seq = self.next_seq;
         if let Some(tx) = &self.requests {
-            if tx.send(idx.clone()).is_ok() {
-                self.in_flight = Some(idx);
+            if tx.send((seq, idx.clone())).is_ok() {
+                self.next_seq += 1;
+                self.outstanding += 1;
+                self.wanted = Some((seq, idx));
             }
         }
     }
 
-    /// The batch gathered for `idx` (on the CPU), waiting for it if the
-    /// helper is still at it; `None` when no request is in flight or the
-    /// one in flight was for other indices (that batch is dropped).
-    pub fn take(&mut self, idx: &[usize]) -> Option<(Tensor, Tensor)> {
-        self.in_flight.take()?;
-        let got = self.batches.recv().ok()?;
-        (got.idx == idx).then_some((got.x, got.y))
+    /// The batch gathered for `idx` (on the CPU) if the helper has it
+    /// within `patience`; `None` when there is no request, it is for
+    /// other indices, or it is not done in time (a helper at idle
+    /// priority on a busy CPU may take long: the step then gathers its
+    /// own rows rather than wait; the late batch is dropped).
+    pub fn take(&mut self, idx: &[usize], patience: Duration) -> Option<(Tensor, Tensor)> {
+        let (seq, want) = self.wanted.take()?;
+        let deadline = Instant::now() + patience;
+        loop {
+            let got = self.next_ready(Some(deadline))?;
+            if got.seq == seq {
+                return (want == idx).then_some((got.x, got.y));
+            }
+        }
+    }
+
+    /// The next answer: one already there (`until` None), or one that
+    /// comes by `until`.
+    fn next_ready(&mut self, until: Option<Instant>) -> Option<Gathered> {
+        let got = match self.batches.try_recv() {
+            Ok(g) => Some(g),
+            Err(TryRecvError::Disconnected) => None,
+            Err(TryRecvError::Empty) => {
+                let left = until?.saturating_duration_since(Instant::now());
+                self.batches.recv_timeout(left).ok()
+            }
+        }?;
+        self.outstanding = self.outstanding.saturating_sub(1);
+        Some(got)
     }
 }
 
@@ -102,6 +141,8 @@ mod tests {
     use super::*;
     use tch::Kind;
 
+    const WAIT: Duration = Duration::from_secs(30);
+
     fn data() -> (Tensor, Tensor) {
         let x = Tensor::arange(40, (Kind::Float, Device::Cpu)).view([10, 4]);
         let y = Tensor::arange(10, (Kind::Int64, Device::Cpu));
@@ -113,12 +154,12 @@ mod tests {
         let (x, y) = data();
         let mut p = Prefetcher::start(&x, &y).unwrap();
         p.request(vec![7, 2, 5]);
-        let (bx, by) = p.take(&[7, 2, 5]).expect("the requested batch");
+        let (bx, by) = p.take(&[7, 2, 5], WAIT).expect("the requested batch");
         let (ex, ey) = super::super::gather(&x, &y, &[7, 2, 5], Device::Cpu);
         assert!(bx.equal(&ex));
         assert!(by.equal(&ey));
-        // Taken: nothing is left in flight.
-        assert!(p.take(&[7, 2, 5]).is_none());
+        // Taken: nothing is left to take.
+        assert!(p.take(&[7, 2, 5], WAIT).is_none());
     }
 
     #[test]
@@ -126,20 +167,38 @@ mod tests {
         let (x, y) = data();
         let mut p = Prefetcher::start(&x, &y).unwrap();
         p.request(vec![1, 2]);
-        assert!(p.take(&[1, 3]).is_none());
-        // The stale batch was dropped: the next request is answered alone.
+        assert!(p.take(&[1, 3], WAIT).is_none());
         p.request(vec![4]);
-        let (_, by) = p.take(&[4]).expect("the new batch");
+        let (_, by) = p.take(&[4], WAIT).expect("the new batch");
         assert_eq!(by.int64_value(&[0]), 4);
     }
 
     #[test]
-    fn a_second_request_waits_for_the_first_to_be_taken() {
+    fn an_abandoned_request_is_skipped() {
         let (x, y) = data();
         let mut p = Prefetcher::start(&x, &y).unwrap();
         p.request(vec![0]);
         p.request(vec![9]);
-        assert!(p.take(&[9]).is_none());
-        assert!(p.take(&[0]).is_none());
+        // The answer for [0] comes first and is dropped.
+        let (_, by) = p.take(&[9], WAIT).expect("the newest request's batch");
+        assert_eq!(by.int64_value(&[0]), 9);
+        assert_eq!(p.outstanding, 0);
+    }
+
+    #[test]
+    fn a_helper_that_falls_behind_gets_no_more_requests_until_it_answers() {
+        let (x, y) = data();
+        let mut p = Prefetcher::start(&x, &y).unwrap();
+        // Not taken in time (no patience): the step gathers its own.
+        for i in 0..5 {
+            p.request(vec![i]);
+            let _ = p.take(&[i], Duration::ZERO);
+            assert!(p.outstanding <= MAX_OUTSTANDING, "{}", p.outstanding);
+        }
+        // Once the helper has answered, requests flow again.
+        std::thread::sleep(Duration::from_millis(200));
+        p.request(vec![6]);
+        let (_, by) = p.take(&[6], WAIT).expect("a batch after the backlog");
+        assert_eq!(by.int64_value(&[0]), 6);
     }
 }

@@ -162,7 +162,11 @@ impl<'a> Trainer<'a> {
         }
 
         let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
-        let ahead = self.prefetch.as_mut().and_then(|f| f.take(&idx));
+        // Ready or not at all: never wait on the helper (see Prefetcher).
+        let ahead = self
+            .prefetch
+            .as_mut()
+            .and_then(|f| f.take(&idx, std::time::Duration::ZERO));
         self.prefetched = ahead.is_some();
         let (x, y) = match ahead {
             Some((x, y)) => (x.to_device(device), y.to_device(device)),
