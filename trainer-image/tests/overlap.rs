@@ -33,6 +33,19 @@ fn mlp(hidden: &str, samples: &str, batch: &str, steps: &str, extra: &[&str]) ->
     a
 }
 
+/// Two ranks with `a` and `extra`, logging to `out`, at the plan in `plan`.
+fn run_two_at_plan(
+    mut a: Vec<String>,
+    extra: &[&str],
+    out: &std::path::Path,
+    plan: &std::path::Path,
+) {
+    a.extend(args(extra));
+    a.extend(path_arg("--output-dir", out));
+    a.extend(path_arg("--plan-file", plan));
+    run_ok(2, &a);
+}
+
 #[test]
 fn gradient_buckets_start_before_backward_ends() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,7 +123,7 @@ fn the_update_inside_backward_equals_the_update_after_it() {
         write_plan(&plan, 0, &[40, 24]);
         let run = |name: &str, extra: &[&str]| {
             let out = dir.path().join(name);
-            let mut a = mlp(
+            let a = mlp(
                 "256",
                 "512",
                 "64",
@@ -127,10 +140,7 @@ fn the_update_inside_backward_equals_the_update_after_it() {
                     "proportional",
                 ],
             );
-            a.extend(args(extra));
-            a.extend(path_arg("--output-dir", &out));
-            a.extend(path_arg("--plan-file", &plan));
-            run_ok(2, &a);
+            run_two_at_plan(a, extra, &out, &plan);
             let inside = steps(&log_records(&out, 0))
                 .last()
                 .map(|s| s["updated_in_backward"].is_u64());
@@ -163,17 +173,14 @@ fn batches_gathered_ahead_train_the_same_parameters() {
     let run = |name: &str, extra: &[&str]| {
         let out = dir.path().join(name);
         // 200 samples, 180 of them for training: 2 steps per epoch.
-        let mut a = mlp(
+        let a = mlp(
             "64",
             "200",
             "64",
             "9",
             &["--deterministic", "--lr", "0.05", "--step-sleep-ms", "20"],
         );
-        a.extend(args(extra));
-        a.extend(path_arg("--output-dir", &out));
-        a.extend(path_arg("--plan-file", &plan));
-        run_ok(2, &a);
+        run_two_at_plan(a, extra, &out, &plan);
         let prefetched: Vec<Vec<bool>> = (0..2)
             .map(|r| {
                 steps(&log_records(&out, r))
