@@ -79,17 +79,55 @@ fn gradient_buckets_start_before_backward_ends() {
     }
 }
 
+/// Buckets per step on each rank of a 4-step run with `extra`.
+fn buckets_per_step(extra: &[&str]) -> Vec<Vec<u64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let plan = dir.path().join("plan.json");
+    write_plan(&plan, 0, &[40, 24]);
+    run_two_at_plan(mlp("512", "512", "64", "4", &[]), extra, &out, &plan);
+    (0..2)
+        .map(|r| {
+            steps(&log_records(&out, r))
+                .iter()
+                .map(|s| s["buckets"].as_u64().expect("buckets logged"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_cpu_team_sends_a_small_model_in_one_bucket_unless_asked() {
+    // The mlp's ~6.3 MB of gradients: under the 25 MiB default, so on CPU
+    // ranks the first bucket holds them all.
+    for (r, b) in buckets_per_step(&[]).iter().enumerate() {
+        assert_eq!(b, &vec![1; 4], "rank {r}: buckets per step");
+    }
+    // DDP's small first bucket when asked: the last layers go first.
+    for (r, b) in buckets_per_step(&["--first-bucket-mib", "1"])
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(b.len(), 4, "rank {r}");
+        assert!(
+            b.iter().all(|&n| n == 2),
+            "rank {r}: buckets per step {b:?}"
+        );
+    }
+}
+
 /// Two ranks, B 512 split equally: rank 0 owns the mlp's last layers (the
 /// flat buffer holds the parameters last first), whose gradients come
 /// first (the first bucket), and updates pieces of them while backward
-/// still computes the first layer's large gradient.
+/// still computes the first layer's large gradient (DDP's 1 MiB first
+/// bucket, asked for: a CPU team's default puts this model in one bucket).
 /// Counted per step by the ranks (`updated_in_backward`: pieces updated
 /// before the last gradient was ready), not timed.
 #[test]
 fn the_sharded_update_runs_inside_backward() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut a = mlp("512", "1024", "512", "6", &[]);
+    let mut a = mlp("512", "1024", "512", "6", &["--first-bucket-mib", "1"]);
     a.extend(path_arg("--output-dir", &out));
     run_ok(2, &a);
     let early: Vec<Vec<u64>> = (0..2)

@@ -181,10 +181,17 @@ pub struct DistArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub collective_timeout_secs: u64,
     /// Gradient bucket size in MiB: PyTorch's Reducer all-reduces each
-    /// bucket as soon as its gradients are ready during backward (the first
-    /// bucket is 1 MiB, as in DDP, so communication starts early).
+    /// bucket as soon as its gradients are ready during backward.
     #[arg(long, default_value_t = 25)]
     pub bucket_mib: usize,
+    /// Size in MiB of the first bucket (the last layers' gradients, ready
+    /// first). Unset: 1 MiB, as in DDP, where any training rank is on CUDA
+    /// (the exchange then starts early and runs beside the GPU); on a team
+    /// of CPU ranks the same as --bucket-mib, since there the exchange
+    /// shares the cores with backward and a small model then goes in one
+    /// message a step instead of two.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub first_bucket_mib: Option<u64>,
     /// Steps between starting the per-step control word (plan, stop, loss)
     /// and waiting for it while the plan leaves a rank out (rank 0's value
     /// counts): a left-out rank on a sliver of a core then never holds up

@@ -235,13 +235,18 @@ impl<'a> Trainer<'a> {
         if let Some(g) = self.team.group() {
             // Every member must take the same path (the messages differ):
             // one small sum of "cannot" votes.
-            let able = !self.cfg.optim.update_after_backward && self.p.flat.device() == Device::Cpu;
-            let mut votes = Tensor::from_slice(&[i64::from(!able)]);
+            let on_cpu = self.p.flat.device() == Device::Cpu;
+            let able = !self.cfg.optim.update_after_backward && on_cpu;
+            let mut votes = Tensor::from_slice(&[i64::from(!able), i64::from(!on_cpu)]);
             g.all_reduce_sum_async(&mut votes)?.wait()?;
             self.update_in_backward = votes.int64_value(&[0]) == 0;
             let bucket = self.cfg.dist.bucket_mib.max(1) << 20;
-            self.reducer =
-                Some(g.reducer(&self.p.params, bucket, FIRST_BUCKET_BYTES.min(bucket))?);
+            let first = first_bucket_bytes(
+                self.cfg.dist.first_bucket_mib,
+                bucket,
+                votes.int64_value(&[1]) > 0,
+            );
+            self.reducer = Some(g.reducer(&self.p.params, bucket, first)?);
             self.bound = Some(self.p.group_slot.bind(g));
         }
         self.shard_reduction()
@@ -379,9 +384,26 @@ impl<'a> Trainer<'a> {
     }
 }
 
-/// The Reducer's first bucket (as DDP's): small, so communication starts
-/// early in backward.
-const FIRST_BUCKET_BYTES: usize = 1 << 20;
+/// DDP's first bucket: small, so that the exchange starts early in
+/// backward.
+const DDP_FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// The Reducer's first bucket: `--first-bucket-mib` where given; else
+/// DDP's 1 MiB on a team with a CUDA rank (there the exchange runs beside
+/// the GPU, so starting it early pays), and on a CPU-only team the size
+/// of the other buckets: there the exchange takes CPU from backward on the
+/// same cores, and one message fewer a step measured faster (see
+/// docs/design.md). Never larger than `bucket`.
+fn first_bucket_bytes(explicit_mib: Option<u64>, bucket: usize, any_cuda: bool) -> usize {
+    let wanted = match explicit_mib {
+        Some(mib) => usize::try_from(mib)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(1 << 20),
+        None if any_cuda => DDP_FIRST_BUCKET_BYTES,
+        None => bucket,
+    };
+    wanted.min(bucket)
+}
 
 /// Final weights as safetensors (names = VarStore paths), written atomically.
 fn write_weights(path: &Path, vars: &[(String, Tensor)]) -> Result<()> {
@@ -395,4 +417,25 @@ fn write_weights(path: &Path, vars: &[(String, Tensor)]) -> Result<()> {
         .and_then(|f| f.sync_all())
         .map_err(|e| TrainerError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| TrainerError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_bucket_bytes;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn the_first_bucket_is_small_only_beside_a_cuda_rank_unless_asked() {
+        // CPU-only team: the first bucket is as large as the others.
+        assert_eq!(first_bucket_bytes(None, 25 * MIB, false), 25 * MIB);
+        // A CUDA rank in the team: DDP's 1 MiB.
+        assert_eq!(first_bucket_bytes(None, 25 * MIB, true), MIB);
+        // Asked for: that size, on either team.
+        assert_eq!(first_bucket_bytes(Some(4), 25 * MIB, false), 4 * MIB);
+        assert_eq!(first_bucket_bytes(Some(4), 25 * MIB, true), 4 * MIB);
+        // Never above the other buckets.
+        assert_eq!(first_bucket_bytes(Some(64), 8 * MIB, false), 8 * MIB);
+        assert_eq!(first_bucket_bytes(None, MIB / 2, true), MIB / 2);
+    }
 }
