@@ -234,7 +234,8 @@ impl<'a> Trainer<'a> {
         self.team.switch(self.cfg.dist.rank, members)?;
         if let Some(g) = self.team.group() {
             // Every member must take the same path (the messages differ):
-            // one small sum of "cannot" votes.
+            // one small sum of votes, "cannot update inside backward" and
+            // "trains on CUDA" (which sets the first bucket's size).
             let on_cpu = self.p.flat.device() == Device::Cpu;
             let able = !self.cfg.optim.update_after_backward && on_cpu;
             let mut votes = Tensor::from_slice(&[i64::from(!able), i64::from(!on_cpu)]);
