@@ -54,6 +54,7 @@ done
   { echo "error: needs cgroup v1 cpu, cpuset and cpuacct hierarchies" >&2; exit 2; }
 [[ -w /sys/fs/cgroup/cpu ]] || { echo "error: needs root (writes cgroups)" >&2; exit 2; }
 [[ -f $CACHE/env.sh ]] && . "$CACHE/env.sh"
+. "$(dirname "$0")/quota_cgroup.sh"
 
 read -ra RANKS <<<"$SPEC"
 WORLD=${#RANKS[@]}
@@ -88,21 +89,7 @@ G=heterotrain-quota
 pids=()
 for i in "${!RANKS[@]}"; do
   IFS=: read -r q cpus b <<<"${RANKS[$i]}"
-  cpu=/sys/fs/cgroup/cpu/$G/r$i set=/sys/fs/cgroup/cpuset/$G/r$i acct=/sys/fs/cgroup/cpuacct/$G/r$i
-  mkdir -p "$cpu" "$set" "$acct"
-  cat /sys/fs/cgroup/cpuset/cpuset.cpus >/sys/fs/cgroup/cpuset/$G/cpuset.cpus
-  cat /sys/fs/cgroup/cpuset/cpuset.mems >/sys/fs/cgroup/cpuset/$G/cpuset.mems
-  echo "$cpus" >"$set/cpuset.cpus"
-  cat /sys/fs/cgroup/cpuset/cpuset.mems >"$set/cpuset.mems"
-  echo "$PERIOD_US" >"$cpu/cpu.cfs_period_us"
-  quota=$("$PY" -c "print(int($q * $PERIOD_US))")
-  echo "$quota" >"$cpu/cpu.cfs_quota_us"
-  burst=$("$PY" -c "print(int(${BURST:-0} * $quota))")
-  if [[ -f $cpu/cpu.cfs_burst_us ]]; then
-    echo "$burst" >"$cpu/cpu.cfs_burst_us"
-  elif [[ $burst != 0 ]]; then
-    echo "error: BURST needs cpu.cfs_burst_us (Linux 5.14+)" >&2; exit 2
-  fi
+  quota_groups "$i" "$q" "$cpus"
   echo 0 >"$acct/cpuacct.usage"
   cp "$cpu/cpu.stat" "$OUT/cpu.stat.start.$i"
   if [[ ${SOLO:-0} == 1 ]]; then

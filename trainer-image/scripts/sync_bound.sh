@@ -40,27 +40,19 @@ CACHE=${HETEROTRAIN_CACHE:-$HOME/.cache/heterotrain}
 [[ -f $CACHE/env.sh ]] && . "$CACHE/env.sh"
 PY=${HETEROTRAIN_PYTHON:-python3}
 PERIOD_US=${PERIOD_US:-10000} CPUS=${CPUS:-0-1}
-[[ -d /sys/fs/cgroup/cpu && -d /sys/fs/cgroup/cpuset ]] ||
-  { echo "error: needs cgroup v1 cpu and cpuset hierarchies" >&2; exit 2; }
+[[ -d /sys/fs/cgroup/cpu && -d /sys/fs/cgroup/cpuset && -d /sys/fs/cgroup/cpuacct ]] ||
+  { echo "error: needs cgroup v1 cpu, cpuset and cpuacct hierarchies" >&2; exit 2; }
 [[ -w /sys/fs/cgroup/cpu ]] || { echo "error: needs root (writes cgroups)" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/quota_cgroup.sh"
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-G=heterotrain-quota PORT=$((30000 + RANDOM % 1000))
-mkdir -p /sys/fs/cgroup/cpuset/$G
-cat /sys/fs/cgroup/cpuset/cpuset.cpus >/sys/fs/cgroup/cpuset/$G/cpuset.cpus
-cat /sys/fs/cgroup/cpuset/cpuset.mems >/sys/fs/cgroup/cpuset/$G/cpuset.mems
+PORT=$((30000 + RANDOM % 1000))
 pids=()
 for i in "${!RANKS[@]}"; do
   IFS=: read -r q b <<<"${RANKS[$i]}"
   [[ $q =~ ^[0-9.]+$ && $b =~ ^[1-9][0-9]*$ ]] || { echo "error: '${RANKS[$i]}' is not QUOTA:BATCH" >&2; exit 2; }
-  cpu=/sys/fs/cgroup/cpu/$G/r$i set=/sys/fs/cgroup/cpuset/$G/r$i
-  mkdir -p "$cpu" "$set"
-  echo "$CPUS" >"$set/cpuset.cpus"
-  cat /sys/fs/cgroup/cpuset/cpuset.mems >"$set/cpuset.mems"
-  echo "$PERIOD_US" >"$cpu/cpu.cfs_period_us"
-  quota=$("$PY" -c "print(int($q * $PERIOD_US))")
-  echo "$quota" >"$cpu/cpu.cfs_quota_us"
+  quota_groups "$i" "$q" "$CPUS"
   env=()
   [[ $MODE == solo ]] || env=(RANK=$i WORLD_SIZE=${#RANKS[@]} MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT)
   env "${env[@]}" OMP_NUM_THREADS=1 bash -c \
