@@ -28,52 +28,6 @@ using namespace ht;
 
 namespace {
 
-// One long-lived thread runs the hooks' waits, sums and updates, bucket
-// after bucket in launch order (the order is the same on every rank, and a
-// bucket's work waits only for the peers' messages of that bucket, which
-// their hooks send, and for their work on earlier buckets: no cycle).
-// Before, each bucket started a thread of its own: two thread starts a
-// step on every rank (clone, stack, thread-local set-up), system work that
-// a rank on a fraction of a core pays in wall time.
-class HookWorker {
- public:
-  static HookWorker& get() {
-    // Never destroyed: the thread may still wait on it at exit.
-    static HookWorker* w = new HookWorker();
-    return *w;
-  }
-
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  HookWorker() {
-    std::thread([this] { run(); }).detach();
-  }
-
-  [[noreturn]] void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !jobs_.empty(); });
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-};
-
 // What the trainer's overlap test and metrics read: per backward, how many
 // gradients were ready when each bucket's all-reduce was launched.
 struct HtReducerTrace {
@@ -342,7 +296,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
                    : c10::make_intrusive<c10::ivalue::Future>(
                          c10::ListType::ofTensors(), std::vector<c10::Device>{bucket.device()});
     auto timeout = timeout_;
-    HookWorker::get().post([works = std::move(works), received = std::move(received),
+    hook_worker().post([works = std::move(works), received = std::move(received),
                             segs = std::move(segs), buf, bucket, fut, timeout, slice]() mutable {
       try {
         for (auto& w : works) ht::wait_work(w, timeout);
@@ -414,7 +368,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     auto trace = trace_;
     auto shards = shards_;
     const int64_t params = params_;
-    HookWorker::get().post([works = std::move(works), owned = std::move(owned),
+    hook_worker().post([works = std::move(works), owned = std::move(owned),
                             segs = std::move(segs), scatter = std::move(scatter), buf, flat, u, fut,
                             timeout, gloo, trace, shards, params, me, world, call,
                             slice]() mutable {

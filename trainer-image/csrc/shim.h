@@ -12,14 +12,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace ht {
-
 
 struct HtGroup {
   int rank;
@@ -30,6 +34,9 @@ struct HtGroup {
   // How the Gloo group was built, for sub-groups of it.
   std::shared_ptr<::gloo::transport::Device> device;
   int threads = 2;
+  // Star sums started so far (their message tags; every member starts
+  // them in the same order).
+  uint32_t star_calls = 0;
 #ifdef HT_USE_NCCL
   c10::intrusive_ptr<c10d::Backend> nccl;
 #endif
@@ -69,6 +76,58 @@ inline void wait_work(const c10::intrusive_ptr<c10d::Work>& work,
     throw std::runtime_error("collective did not complete within " +
                              std::to_string(timeout.count()) + " ms");
   }
+}
+
+// One long-lived thread that runs posted jobs in order. A thread started
+// per job costs every call a clone, a stack and thread-local set-up:
+// system work that a rank on a fraction of a core pays in wall time.
+class Worker {
+ public:
+  Worker() { std::thread([this] { run(); }).detach(); }
+
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  [[noreturn]] void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !jobs_.empty(); });
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+};
+
+// The Reducer's comm hooks: their waits, sums and updates, bucket after
+// bucket in launch order (the order is the same on every rank, and a
+// bucket's work waits only for the peers' messages of that bucket, which
+// their hooks send, and for their work on earlier buckets: no cycle).
+// Never destroyed: the thread may still wait on it at exit.
+inline Worker& hook_worker() {
+  static Worker* w = new Worker();
+  return *w;
+}
+
+// The control word's sums on the root of a star sum (c10d_shim.cpp): a
+// thread of their own, so that a word that waits for a slow rank never
+// holds up a gradient bucket on the hooks' worker.
+inline Worker& word_worker() {
+  static Worker* w = new Worker();
+  return *w;
 }
 
 inline c10d::Backend& backend_for(HtGroup* g, const at::Tensor& t) {

@@ -1,22 +1,24 @@
 //! Step-boundary agreement. A small control word
 //! `[stop, generation, B, lag, every, b_0..b_{n-1}, loss]` — rank 0's
 //! proposed plan, control lag and word interval, every rank's stop request
-//! and its weighted loss (b_r/B · mean loss) — is SUM-all-reduced so that
-//! all ranks switch plans, and stop, at the same step, and learn the global
-//! batch's loss. Before the first step it is a blocking collective of its
-//! own ([`agree`]); during training it is the only collective besides the
-//! gradient buckets: started asynchronously once forward has the loss,
-//! overlapped with backward, and waited `lag` steps later ([`Pipeline`]): at
-//! the end of the same step while every rank trains (lag 0), several steps
-//! later while the plan leaves a rank out, so that a left-out rank on a
-//! sliver of a core (a CPU quota that stalls it for a whole period) never
-//! holds up the ranks that train. A word is started every `every` steps
-//! only ([`word_interval`]: about `--control-interval-ms` apart): each
-//! word costs every rank a round of small messages, and a rank on a CPU
-//! quota a wake-up it may have to wait a whole period for. Lag and interval
-//! are rank 0's choice, carried in the word, so every rank starts and waits
-//! each word at the same step. The word is f64: plan numbers are integers
-//! far below 2^53, so they stay exact.
+//! and its weighted loss (b_r/B · mean loss) — is summed over the ranks so
+//! that all ranks switch plans, and stop, at the same step, and learn the
+//! global batch's loss. Before the first step it is a blocking all-reduce
+//! of its own ([`agree`]); during training it is the only collective
+//! besides the gradient buckets, a star sum through rank 0 (one message
+//! out and one back on every other rank, `ProcessGroup::star_sum_async`):
+//! started asynchronously once forward has the loss, overlapped with
+//! backward, and waited `lag` steps later ([`Pipeline`]): at the end of the
+//! same step while every rank trains (lag 0), several steps later while the
+//! plan leaves a rank out, so that a left-out rank on a sliver of a core (a
+//! CPU quota that stalls it for a whole period) never holds up the ranks
+//! that train. A word is started every `every` steps only
+//! ([`word_interval`]: about `--control-interval-ms` apart): each word
+//! costs every rank messages, and a rank on a CPU quota a wake-up it may
+//! have to wait a whole period for. Lag and interval are rank 0's choice,
+//! carried in the word, so every rank starts and waits each word at the
+//! same step. The word is f64: plan numbers are integers far below 2^53,
+//! so they stay exact.
 
 use std::collections::VecDeque;
 
@@ -147,7 +149,7 @@ pub fn agree(
     Ok(decode(&t, rank, proposed))
 }
 
-/// A control word being all-reduced, and the step at whose end it is due.
+/// A control word being summed, and the step at whose end it is due.
 struct InFlight<'a> {
     word: Tensor,
     work: Option<PendingWork<'a>>,
@@ -166,7 +168,7 @@ pub struct Pipeline<'a> {
 }
 
 impl<'a> Pipeline<'a> {
-    /// Keep `word` (its all-reduce `work` started at `step`) until its due step.
+    /// Keep `word` (its sum's `work` started at `step`) until its due step.
     pub fn push(
         &mut self,
         step: u64,

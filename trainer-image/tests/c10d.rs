@@ -10,11 +10,15 @@ use heterotrain_trainer::c10d::{ProcessGroup, RendezvousConfig};
 use tch::Tensor;
 
 fn cfg(rank: usize, port: u16, coll_secs: u64) -> RendezvousConfig {
+    cfg_of(rank, 2, port, coll_secs)
+}
+
+fn cfg_of(rank: usize, world_size: usize, port: u16, coll_secs: u64) -> RendezvousConfig {
     RendezvousConfig {
         master_addr: "127.0.0.1".into(),
         master_port: port,
         rank,
-        world_size: 2,
+        world_size,
         rendezvous_timeout: Duration::from_secs(20),
         collective_timeout: Duration::from_secs(coll_secs),
         bind_host: None,
@@ -63,6 +67,41 @@ fn two_ranks_run_every_collective() {
     }
 }
 
+/// The control word's star sum (every rank to rank 0 and back): three
+/// ranks, two sums in flight at once and waited in the opposite order;
+/// every rank gets the same bits, rank 0's value plus the others' in rank
+/// order.
+#[test]
+fn three_ranks_star_sum_two_words_in_flight() {
+    let port = common::free_port();
+    let own = |rank: usize| [rank as f64 + 1.0, 0.1 * (rank as f64 + 1.0), -(rank as f64)];
+    let results: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|rank| {
+                s.spawn(move || {
+                    let pg = ProcessGroup::join(&cfg_of(rank, 3, port, 20)).expect("join");
+                    let mut first = Tensor::from_slice(&own(rank));
+                    let mut second = Tensor::from_slice(&[10.0 * rank as f64 + 1.0]);
+                    let w1 = pg.star_sum_async(&mut first).unwrap();
+                    let w2 = pg.star_sum_async(&mut second).unwrap();
+                    w2.wait().unwrap();
+                    w1.wait().unwrap();
+                    (
+                        Vec::<f64>::try_from(&first).unwrap(),
+                        Vec::<f64>::try_from(&second).unwrap(),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let want: Vec<f64> = (0..3).map(|i| own(0)[i] + own(1)[i] + own(2)[i]).collect();
+    for (rank, (first, second)) in results.iter().enumerate() {
+        assert_eq!(first, &want, "rank {rank}");
+        assert_eq!(second, &vec![1.0 + 11.0 + 21.0], "rank {rank}");
+    }
+}
+
 /// PyTorch's flight recorder is off in the trainer's processes (its
 /// first record of each process group races with the other threads'),
 /// unless TORCH_FR_BUFFER_SIZE was set before the process started.
@@ -98,6 +137,39 @@ fn dead_peer_is_an_error_within_the_collective_timeout() {
             "{err}"
         );
     });
+}
+
+/// A star sum whose peer left fails on either side (rank 0 waiting for
+/// the peer's word, the peer waiting for rank 0's reply) within the
+/// collective timeout.
+#[test]
+fn a_star_sum_with_a_dead_peer_fails_within_the_timeout() {
+    for survivor in [0, 1] {
+        let port = common::free_port();
+        std::thread::scope(|s| {
+            let peer = s.spawn(move || {
+                let pg = ProcessGroup::join(&cfg(1 - survivor, port, 3)).expect("join");
+                drop(pg); // leaves without taking part
+            });
+            let pg = ProcessGroup::join(&cfg(survivor, port, 3)).expect("join");
+            peer.join().unwrap();
+            let start = Instant::now();
+            let mut t = Tensor::ones([4], tch::kind::DOUBLE_CPU);
+            let err = pg
+                .star_sum_async(&mut t)
+                .and_then(|w| w.wait())
+                .expect_err("peer is gone");
+            assert!(
+                start.elapsed() < Duration::from_secs(8),
+                "rank {survivor}: {:?}",
+                start.elapsed()
+            );
+            assert!(
+                err.to_string().starts_with("collective star_sum failed"),
+                "rank {survivor}: {err}"
+            );
+        });
+    }
 }
 
 /// Under a sharded layout the Reducer sums each gradient element only for

@@ -56,6 +56,13 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    pub(super) fn ht_pg_star_sum_async(
+        h: *mut c_void,
+        t: *mut c_void,
+        work: *mut *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     pub(super) fn ht_work_wait(
         h: *mut c_void,
         work: *mut c_void,

@@ -323,6 +323,20 @@ impl ProcessGroup {
         })
     }
 
+    /// Start an in-place SUM of a small contiguous CPU tensor over every
+    /// rank through rank 0 (each rank sends it to rank 0, which adds them
+    /// in rank order and sends the sum back): two messages on every rank
+    /// but rank 0, where Gloo's ring all-reduce takes 2 (n − 1) each way.
+    /// The tensor must stay alive and untouched until the work is waited;
+    /// every rank starts its star sums in the same order.
+    pub fn star_sum_async(&self, t: &mut Tensor) -> Result<PendingWork<'_>> {
+        let h = self.handle;
+        // SAFETY: `start` hands a live at::Tensor* and a slot for the work.
+        self.start("star_sum", t, |p, work, err| unsafe {
+            ht_pg_star_sum_async(h, p, work, err, ERR_LEN)
+        })
+    }
+
     /// Start the asynchronous collective `f` on `t` (a CPU or NCCL-able
     /// tensor, which must stay alive and untouched until the work is waited):
     /// `f` gets the tensor, the slot for the work's heap handle and the

@@ -272,9 +272,11 @@ impl<'a> Trainer<'a> {
         self.record(started, tm, global_loss, global_loss, lr, (None, None))
     }
 
-    /// Start an asynchronous SUM all-reduce of `t` (none without a group).
+    /// Start an asynchronous SUM of the control word `t` over every rank,
+    /// through rank 0 (a star sum: two messages on the other ranks; none
+    /// without a group).
     fn start_sum(&self, t: &mut Tensor) -> Result<Option<PendingWork<'a>>> {
-        self.pg.map(|g| g.all_reduce_sum_async(t)).transpose()
+        self.pg.map(|g| g.star_sum_async(t)).transpose()
     }
 
     /// Forward and backward of this rank's batch, starting the control word
