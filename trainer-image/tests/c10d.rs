@@ -114,29 +114,34 @@ fn the_flight_recorder_is_off_unless_asked_for() {
     );
 }
 
-#[test]
-fn dead_peer_is_an_error_within_the_collective_timeout() {
+/// Rank `survivor` of two runs `op` after its peer joined and left
+/// without taking part: the error and how long it took.
+fn after_the_peer_left(
+    survivor: usize,
+    op: impl Fn(&ProcessGroup) -> heterotrain_trainer::error::Result<()>,
+) -> (String, Duration) {
     let port = common::free_port();
     std::thread::scope(|s| {
         let peer = s.spawn(move || {
-            let pg = ProcessGroup::join(&cfg(1, port, 3)).expect("join");
+            let pg = ProcessGroup::join(&cfg(1 - survivor, port, 3)).expect("join");
             drop(pg); // leaves without taking part
         });
-        let pg = ProcessGroup::join(&cfg(0, port, 3)).expect("join");
+        let pg = ProcessGroup::join(&cfg(survivor, port, 3)).expect("join");
         peer.join().unwrap();
         let start = Instant::now();
+        let err = op(&pg).expect_err("peer is gone");
+        (err.to_string(), start.elapsed())
+    })
+}
+
+#[test]
+fn dead_peer_is_an_error_within_the_collective_timeout() {
+    let (err, took) = after_the_peer_left(0, |pg| {
         let mut t = Tensor::ones([8], tch::kind::FLOAT_CPU);
-        let err = pg.all_reduce_sum(&mut t).expect_err("peer is gone");
-        assert!(
-            start.elapsed() < Duration::from_secs(8),
-            "{:?}",
-            start.elapsed()
-        );
-        assert!(
-            err.to_string().starts_with("collective all_reduce failed"),
-            "{err}"
-        );
+        pg.all_reduce_sum(&mut t)
     });
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(err.starts_with("collective all_reduce failed"), "{err}");
 }
 
 /// A star sum whose peer left fails on either side (rank 0 waiting for
@@ -145,30 +150,15 @@ fn dead_peer_is_an_error_within_the_collective_timeout() {
 #[test]
 fn a_star_sum_with_a_dead_peer_fails_within_the_timeout() {
     for survivor in [0, 1] {
-        let port = common::free_port();
-        std::thread::scope(|s| {
-            let peer = s.spawn(move || {
-                let pg = ProcessGroup::join(&cfg(1 - survivor, port, 3)).expect("join");
-                drop(pg); // leaves without taking part
-            });
-            let pg = ProcessGroup::join(&cfg(survivor, port, 3)).expect("join");
-            peer.join().unwrap();
-            let start = Instant::now();
+        let (err, took) = after_the_peer_left(survivor, |pg| {
             let mut t = Tensor::ones([4], tch::kind::DOUBLE_CPU);
-            let err = pg
-                .star_sum_async(&mut t)
-                .and_then(|w| w.wait())
-                .expect_err("peer is gone");
-            assert!(
-                start.elapsed() < Duration::from_secs(8),
-                "rank {survivor}: {:?}",
-                start.elapsed()
-            );
-            assert!(
-                err.to_string().starts_with("collective star_sum failed"),
-                "rank {survivor}: {err}"
-            );
+            pg.star_sum_async(&mut t).and_then(|w| w.wait())
         });
+        assert!(took < Duration::from_secs(8), "rank {survivor}: {took:?}");
+        assert!(
+            err.starts_with("collective star_sum failed"),
+            "rank {survivor}: {err}"
+        );
     }
 }
 
