@@ -117,6 +117,27 @@ Segment cut(const Segment& sg, int64_t k, int64_t n) {
   return out;
 }
 
+// Where a segment's new values can travel in the flat buffer's order: the
+// first flat element, when its runs tile one contiguous stretch of the flat
+// buffer (in whatever order the bucket holds them: a layer's bias gradient
+// comes before its weight's), else -1. Then the owner sends that stretch of
+// its parameters and the others receive it straight into theirs, with no
+// gather into the bucket's order and no scatter out of it (a copy of the
+// whole segment on each side). Every rank cuts the same segments, so all
+// agree on the layout of each reply.
+int64_t flat_span(const Segment& sg) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  spans.reserve(sg.runs.size());
+  for (const auto& r : sg.runs) spans.emplace_back(r.flat, r.len);
+  std::sort(spans.begin(), spans.end());
+  int64_t next = spans.empty() ? -1 : spans.front().first;
+  for (const auto& [f, n] : spans) {
+    if (f != next) return -1;
+    next += n;
+  }
+  return spans.empty() || next - spans.front().first != sg.len ? -1 : spans.front().first;
+}
+
 // Pieces of at most this many elements when the update runs in backward
 // (4 MiB of float): an owner updates and sends one piece while the next
 // one's sums are still arriving. Smaller pieces measured slower here (more
@@ -337,9 +358,10 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     // For each piece this rank owns: (piece, the peers' sums in rank order).
     std::vector<std::pair<size_t, std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>>>>
         owned;
-    // Pieces of several runs whose new values arrive in the bucket's buffer
-    // (this rank's own gradient there is no longer needed: the owner
-    // replies only once it has all of this rank's sums).
+    // Pieces whose runs do not tile one stretch of the flat buffer: their
+    // new values arrive in the bucket's buffer (this rank's own gradient
+    // there is no longer needed: the owner replies only once it has all of
+    // this rank's sums).
     std::vector<size_t> scatter;
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& sg = segs[i];
@@ -347,10 +369,10 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
       if (sg.owner != me) {
         std::vector<at::Tensor> t{part};
         works.push_back(gloo_->send(t, sg.owner, tag_of(call, 0, i)));
-        const bool one = sg.runs.size() == 1;
-        std::vector<at::Tensor> r{one ? flat.narrow(0, sg.runs[0].flat, sg.len) : part};
+        const int64_t from = flat_span(sg);
+        std::vector<at::Tensor> r{from >= 0 ? flat.narrow(0, from, sg.len) : part};
         works.push_back(gloo_->recv(r, sg.owner, tag_of(call, 1, i)));
-        if (!one) scatter.push_back(i);
+        if (from < 0) scatter.push_back(i);
         continue;
       }
       std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sums;
@@ -411,12 +433,13 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
           u->update_ns.fetch_add(steady_ns() - t0);
           if (trace->ready.load() < params) u->early.fetch_add(1);
           u->updated.fetch_add(sg.len);
-          // One run: its new values go straight from the parameters;
-          // several: gathered into the piece's place in the bucket (its
-          // gradient sums are spent), so they still go in one message.
+          // Runs that tile one stretch of the flat buffer: its new values
+          // go straight from the parameters (flat_span); others: gathered
+          // into the piece's place in the bucket (its gradient sums are
+          // spent), so they still go in one message.
           at::Tensor out;
-          if (sg.runs.size() == 1) {
-            out = flat.narrow(0, sg.runs[0].flat, sg.len);
+          if (const int64_t from = flat_span(sg); from >= 0) {
+            out = flat.narrow(0, from, sg.len);
           } else {
             for (const Run& run : sg.runs) {
               at::Tensor dst = buf.narrow(0, run.off, run.len);
