@@ -633,12 +633,13 @@ pub struct LoadBalancingSpec {
     /// `leftOutRanks`.
     #[serde(default = "default_true")]
     pub leave_out_slow_ranks: bool,
-    /// Cap a rank that spent its CPU quota (default true): with the
-    /// `dynamic` and `hybrid` policies a training rank that used at least
-    /// 90% of its cgroup's CPU quota (`heterotrain_cpu_quota_used_ratio`)
-    /// gets no more samples than it trains now; it may still get fewer. Its
+    /// Cap ranks by their CPU quota (default true): with the `dynamic` and
+    /// `hybrid` policies a training rank that used at least 90% of its
+    /// cgroup's CPU quota (`heterotrain_cpu_quota_used_ratio`) gets no more
+    /// samples than it trains now, and one that used a share u below that
+    /// at most batch / u (rounded up); either may still get fewer. Its
     /// compute is measured in bursts between throttled periods, so its model
-    /// says it could take more, but it has no idle time left to run them in.
+    /// says it could take more, but it has only its idle time to run them in.
     #[serde(default = "default_true")]
     pub cap_quota_bound_ranks: bool,
     /// Leaving a rank out must predict a step at least this many percent

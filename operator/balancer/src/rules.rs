@@ -91,17 +91,22 @@ impl Balancer {
     }
 
     /// Under the live policies (unless `capQuotaBoundRanks` is off), caps
-    /// each training rank that used at least
-    /// [`QUOTA_SATURATED`] of its CPU quota at its `current` batch, and
-    /// returns those ranks with the share used. The compute a rank reports
-    /// is wall-clock time while it runs, at full speed between throttled
-    /// periods; what it can sustain is its quota. A rank that already
-    /// spends its quota has no idle time left to absorb more samples, so
-    /// more would lengthen every step whatever its compute model says (in
-    /// the bench, a 0.42-core rank computed 36 samples in 38 ms and 50 in
-    /// 70 ms). It may still shrink. No cap when the other ranks' caps
-    /// could not hold the global batch (a rank held out by a verdict must
-    /// go somewhere).
+    /// each training rank by the CPU quota it reported using at its
+    /// `current` batch, and returns the capped ranks with the share used.
+    /// The compute a rank reports is wall-clock time while it runs, at full
+    /// speed between throttled periods; what it can sustain is its quota.
+    /// A rank that already spends [`QUOTA_SATURATED`] of its quota has no
+    /// idle time left to absorb more samples, so more would lengthen every
+    /// step whatever its compute model says (in the bench, a 0.42-core rank
+    /// computed 36 samples in 38 ms and 50 in 70 ms): it is held at its
+    /// batch. A rank that used a share u below that may grow to
+    /// ⌈batch / u⌉, the batch at which the same CPU a sample would spend
+    /// all of its quota (a rank that waits for the others most of a step
+    /// starts its compute on a fresh period and looks fast: on 2 nodes a
+    /// 0.2-core rank timed 19 samples at 13.5 ms, was given 40, and took
+    /// 40 ms). It may still shrink. No cap when the other ranks' caps could
+    /// not hold the global batch (a rank held out by a verdict must go
+    /// somewhere).
     pub(crate) fn hold_quota_bound(
         &self,
         current: Option<&[u32]>,
@@ -117,11 +122,11 @@ impl Balancer {
             .zip(cur)
             .enumerate()
             .filter(|(_, (r, &b))| b > 0 && r.trial_samples.is_none())
-            .filter_map(|(i, (r, _))| Some((i, r.quota_use.filter(|&u| u >= QUOTA_SATURATED)?)))
+            .filter_map(|(i, (r, _))| Some((i, r.quota_use.filter(|&u| u > 0.0)?)))
             .collect();
         let mut capped = bounds.upper.clone();
-        for &(r, _) in &held {
-            capped[r] = capped[r].min(cur[r].max(bounds.lower[r]));
+        for &(r, used) in &held {
+            capped[r] = capped[r].min(quota_cap(cur[r], used).max(bounds.lower[r]));
         }
         if capped.iter().map(|&u| u64::from(u)).sum::<u64>()
             < u64::from(self.config.global_batch_size)
@@ -335,6 +340,21 @@ pub(crate) fn push_note(reason: &mut String, note: &str) {
     }
 }
 
+/// The most samples a rank that used the share `used` of its CPU quota at
+/// `batch` may take (see [`Balancer::hold_quota_bound`]): its batch once
+/// it is saturated, else ⌈batch / used⌉.
+pub(crate) fn quota_cap(batch: u32, used: f64) -> u32 {
+    if used >= QUOTA_SATURATED {
+        return batch;
+    }
+    let cap = (f64::from(batch) / used).ceil();
+    if cap.is_finite() && cap < f64::from(u32::MAX) {
+        cap as u32
+    } else {
+        u32::MAX
+    }
+}
+
 /// The note for the quota-held ranks (see [`Balancer::hold_quota_bound`])
 /// whose cap binds in `plan`: at their cap, with compute the model predicts
 /// well below the plan's step (more samples would have been given to them).
@@ -350,13 +370,19 @@ pub(crate) fn quota_note(
         .filter(|&&(r, _)| {
             plan[r] > 0 && plan[r] == upper[r] && models[r].predict(plan[r]) < 0.95 * predicted
         })
-        .map(|&(r, used)| format!("rank {r} at {} ({:.0}%)", plan[r], used * 100.0))
+        .map(|&(r, used)| {
+            format!(
+                "rank {r} at {} ({:.0}% of its quota used)",
+                plan[r],
+                used * 100.0
+            )
+        })
         .collect();
     if binding.is_empty() {
         return String::new();
     }
     format!(
-        "held at their batch, having used their CPU quota (more samples would lengthen the step whatever their compute model predicts): {}",
+        "held by their CPU quota (more samples would lengthen the step whatever their compute model predicts): {}",
         binding.join(", ")
     )
 }
@@ -382,10 +408,13 @@ mod tests {
     fn a_quota_cap_that_would_leave_samples_nowhere_is_dropped() {
         let bal = balancer(Policy::Dynamic);
         let cur: &[u32] = &[96, 32];
-        // Rank 1 may grow: rank 0 is held at 96.
+        // Rank 0 is held at 96; rank 1, at half its quota, may double.
         let mut b = Bounds::fixed(&[1, 0], &[128, 128], 128);
-        assert_eq!(bal.hold_quota_bound(Some(cur), &mut b), vec![(0, 0.97)]);
-        assert_eq!(b.upper, vec![96, 128]);
+        assert_eq!(
+            bal.hold_quota_bound(Some(cur), &mut b),
+            vec![(0, 0.97), (1, 0.5)]
+        );
+        assert_eq!(b.upper, vec![96, 64]);
         assert_eq!(b.hard, vec![128, 128], "a soft bound");
         // Rank 1 is held out (a verdict): rank 0 must take all 128.
         let mut b = Bounds::fixed(&[1, 0], &[128, 128], 128);
@@ -399,6 +428,34 @@ mod tests {
             .hold_quota_bound(Some(cur), &mut b)
             .is_empty());
         assert_eq!(b.upper, vec![128, 128]);
+    }
+
+    /// A rank grows at most to the batch at which its CPU a sample would
+    /// fill its quota; a saturated one not at all; one without a quota
+    /// report is not capped. The numbers of a 2-node bench round: the
+    /// 0.2-core rank at 19 samples, having used 60% of its quota, may take
+    /// 32, not the 40 its fast-looking compute asked for.
+    #[test]
+    fn a_rank_grows_at_most_to_the_batch_that_fills_its_quota() {
+        use super::quota_cap;
+        assert_eq!(quota_cap(19, 0.6), 32);
+        assert_eq!(quota_cap(20, 0.5), 40);
+        assert_eq!(quota_cap(20, 0.9), 20);
+        assert_eq!(quota_cap(20, 1.3), 20);
+        assert_eq!(quota_cap(3, 1e-300), u32::MAX);
+        let mut bal = balancer(Policy::Dynamic);
+        bal.observe_quota_use(0, 0.3).expect("valid ratio");
+        bal.observe_quota_use(0, 0.3).expect("valid ratio");
+        bal.observe_quota_use(1, 0.6).expect("valid ratio");
+        bal.observe_quota_use(1, 0.6).expect("valid ratio");
+        bal.observe_quota_use(1, 0.6).expect("valid ratio");
+        let mut b = Bounds::fixed(&[1, 1], &[128, 128], 128);
+        let held = bal.hold_quota_bound(Some(&[109, 19]), &mut b);
+        assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), vec![0, 1]);
+        // Rank 0 under half its quota: 109 / 0.47 is past the global batch.
+        assert_eq!(b.upper[0], 128);
+        // Rank 1's smoothed share is between 0.5 and 0.6: at most 38.
+        assert!((32..=38).contains(&b.upper[1]), "{:?}", b.upper);
     }
 
     /// The numbers of a system-test run: rank 1, re-admitted with 12 of 16

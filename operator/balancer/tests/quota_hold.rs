@@ -41,13 +41,17 @@ fn run(
 #[test]
 fn a_rank_that_used_its_cpu_quota_is_held_at_its_batch() {
     for policy in [Policy::Dynamic, Policy::Hybrid] {
-        // Without a quota, or with one it does not spend, rank 1 grows
+        // Without a quota, or with one it uses little of, rank 1 grows
         // from 32 towards the equal split its compute model asks for.
-        for quota in [[None, None], [Some(0.5), Some(0.85)]] {
+        for quota in [[None, None], [Some(0.5), Some(0.4)]] {
             let rounds = run(policy, &[96, 32], quota, 3);
             let last = &rounds.last().expect("rounds").1;
             assert!(last[1] > 48, "{policy} {quota:?}: {rounds:#?}");
         }
+        // Using 85% of it at 32 samples, rank 1 may take ⌈32 / 0.85⌉ = 38
+        // in one decision: the samples its quota has room for.
+        let rounds = run(policy, &[96, 32], [Some(0.5), Some(0.85)], 1);
+        assert_eq!(rounds[0].1, [90, 38], "{policy}: {}", rounds[0].0);
         // Spending 97% of it, rank 1 stays at 32, and the decisions say why.
         let rounds = run(policy, &[96, 32], [Some(0.5), Some(0.97)], 3);
         for (reason, plan) in &rounds {
@@ -55,7 +59,7 @@ fn a_rank_that_used_its_cpu_quota_is_held_at_its_batch() {
         }
         assert!(
             rounds[0].0.contains(
-                "held at their batch, having used their CPU quota (more samples would lengthen the step whatever their compute model predicts): rank 1 at 32 (97%)"
+                "held by their CPU quota (more samples would lengthen the step whatever their compute model predicts): rank 1 at 32 (97% of its quota used)"
             ),
             "{policy}: {}",
             rounds[0].0
@@ -71,7 +75,7 @@ fn a_saturated_rank_may_still_shrink() {
     let last = &rounds.last().expect("rounds").1;
     assert!(last[0] < 80 && last[1] > 48, "{rounds:#?}");
     for (reason, _) in &rounds {
-        assert!(!reason.contains("held at their batch"), "{reason}");
+        assert!(!reason.contains("held by their CPU quota"), "{reason}");
     }
 }
 
@@ -87,7 +91,11 @@ fn the_cap_can_be_turned_off() {
         feed_measured(&mut bal, &plan, &equal(), 20, &|_: &[u32]| 0.004);
         bal.observe_quota_use(1, 0.97).expect("valid ratio");
         let d = bal.decide(&plan).expect("decide");
-        assert!(!d.reason.contains("held at their batch"), "{}", d.reason);
+        assert!(
+            !d.reason.contains("held by their CPU quota"),
+            "{}",
+            d.reason
+        );
         plan = d.batches_or(&plan).to_vec();
     }
     assert!(plan[1] > 48, "{plan:?}");
