@@ -470,10 +470,12 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
             ],
             "model": {"name": "mlp"},
             "dataset": {"name": "synthetic_image", "syntheticSamples": 2048},
-            // Short: on a fast machine 60 steps end within a second of the
-            // profiles, before the operator's first read of a step; the
-            // ranks' termination messages still give status.step.
-            "training": {"globalBatchSize": 32, "maxSteps": 60},
+            // Short, but long enough for the operator's scrapes (every
+            // second) to read both ranks' profiles before the ranks exit: 60
+            // steps once ended before the second rank's profile was read
+            // ("1 of 2 ranks reported their profile"). The ranks'
+            // termination messages give status.step.
+            "training": {"globalBatchSize": 32, "maxSteps": 300},
             "loadBalancing": {"policy": "dynamic", "rebalanceIntervalSteps": 5}
         }
     });
@@ -508,7 +510,7 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         dump(&client, sim).await
     );
     // status.step of a finished job is its last step, read or not.
-    assert_eq!(status["step"].as_u64(), Some(60), "{status}");
+    assert_eq!(status["step"].as_u64(), Some(300), "{status}");
     assert!(
         status["conditions"].as_array().is_some_and(|c| c
             .iter()
