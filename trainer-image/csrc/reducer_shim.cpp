@@ -24,7 +24,6 @@ using namespace ht;
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <thread>
 
 namespace {
@@ -63,7 +62,27 @@ struct HtUpdate {
   std::atomic<int64_t> received{0};
   std::atomic<int64_t> early{0};
   std::atomic<int64_t> update_ns{0};  // time spent updating
-  std::atomic<int64_t> ahead{0};      // buckets whose receives were posted ahead
+};
+
+// Who updates which elements of the flat parameter buffer (ZeRO-1 with
+// unequal shards). While set, a bucket's gradient is summed only where its
+// owner needs it: each rank sends the other owners their segments and
+// receives its own from every rank (point-to-point, about half the bytes
+// of an all-reduce); the owner then holds the exact sum of its elements and
+// the rest of the bucket keeps this rank's local gradient, which nothing
+// reads (the update touches only the owned range, and the owners'
+// broadcasts after it bring every rank the whole result).
+struct HtShards {
+  std::mutex mu;
+  // Group rank r owns flat elements [bounds[r].first, bounds[r].second);
+  // empty: every rank needs the whole sum (all-reduce).
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  at::Tensor flat;                 // the flat parameter buffer
+  const char* base = nullptr;  // the flat buffer's first byte
+  int64_t numel = 0;
+  int64_t elem = 0;
+  uint32_t calls = 0;  // hook calls so far: the message tags
+  HtUpdate update;
 };
 
 // Part of a segment: [off, off + len) of the bucket's buffer holds the
@@ -86,87 +105,6 @@ struct Segment {
   int owner;
   std::vector<Run> runs;
 };
-
-bool operator==(const Run& a, const Run& b) {
-  return a.off == b.off && a.len == b.len && a.flat == b.flat;
-}
-
-bool operator==(const Segment& a, const Segment& b) {
-  return a.off == b.off && a.len == b.len && a.owner == b.owner && a.runs == b.runs;
-}
-
-using Work = c10::intrusive_ptr<c10d::Work>;
-// A piece's sums from the peers, in rank order, as they arrive.
-using Sums = std::vector<std::pair<Work, at::Tensor>>;
-
-// One bucket's receives, posted before its hook runs: on an owner the
-// peers' sums of each piece it owns, elsewhere the new values of each
-// piece from its owner. A Gloo send moves no bytes before its receiver has
-// posted the receive, so receives posted when backward starts let a rank
-// that finishes backward early deliver its sums to an owner that is still
-// computing, instead of after the owner's own backward ends.
-struct Posted {
-  std::vector<Segment> segs;  // the pieces they were posted for
-  std::vector<Sums> sums;     // by piece: the peers' sums (owned pieces)
-  std::vector<Work> values;   // by piece: the owner's new values (others)
-};
-
-// Who updates which elements of the flat parameter buffer (ZeRO-1 with
-// unequal shards). While set, a bucket's gradient is summed only where its
-// owner needs it: each rank sends the other owners their segments and
-// receives its own from every rank (point-to-point, about half the bytes
-// of an all-reduce); the owner then holds the exact sum of its elements and
-// the rest of the bucket keeps this rank's local gradient, which nothing
-// reads (the update touches only the owned range, and the owners'
-// broadcasts after it bring every rank the whole result).
-struct HtShards {
-  std::mutex mu;
-  // Group rank r owns flat elements [bounds[r].first, bounds[r].second);
-  // empty: every rank needs the whole sum (all-reduce).
-  std::vector<std::pair<int64_t, int64_t>> bounds;
-  at::Tensor flat;                 // the flat parameter buffer
-  const char* base = nullptr;  // the flat buffer's first byte
-  int64_t numel = 0;
-  int64_t elem = 0;
-  uint32_t calls = 0;  // hook calls so far: the message tags
-  HtUpdate update;
-  // Bumped whenever the pieces a bucket is cut into may change (new
-  // bounds, rebuilt buckets): receives are posted ahead only for pieces
-  // cut under the same epoch.
-  uint64_t epoch = 0;
-  // The last backward's buckets in launch order (pieces and buffer), cut
-  // under epoch seen_epoch; the next backward launches the same buckets.
-  std::vector<std::pair<std::vector<Segment>, at::Tensor>> seen;
-  uint64_t seen_epoch = 0;
-  // This backward: the first hook call, and the receives posted for each
-  // launch from there (empty: none posted).
-  uint32_t armed_call = 0;
-  std::vector<std::optional<Posted>> posted;
-  // An owner's sends of new values read its parameters: nothing may write
-  // them until the sends are done. The hooks do not wait for them, so that
-  // the owner goes on with its next step while a slower rank reads them;
-  // they are waited before the next update (`replies`: from earlier
-  // backwards; `fresh`: this one's), or before anything else changes the
-  // shards or the update.
-  std::mutex reply_mu;
-  std::vector<Work> replies;
-  std::vector<Work> fresh;
-};
-
-// Wait for the owner's sends of new values (all of them, or only those of
-// earlier backwards).
-void settle(HtShards& s, std::chrono::milliseconds timeout, bool all) {
-  std::vector<Work> pending;
-  {
-    std::lock_guard<std::mutex> lock(s.reply_mu);
-    pending.swap(s.replies);
-    if (all) {
-      pending.insert(pending.end(), s.fresh.begin(), s.fresh.end());
-      s.fresh.clear();
-    }
-  }
-  for (auto& w : pending) ht::wait_work(w, timeout);
-}
 
 // [k, k + n) of a segment, with its runs cut to match.
 Segment cut(const Segment& sg, int64_t k, int64_t n) {
@@ -251,33 +189,6 @@ int tag_of(uint32_t call, int phase, size_t piece) {
                           (piece & 0x7ffffu));
 }
 
-// Post a bucket's receives (see Posted) for hook call `call`: into fresh
-// buffers for the sums of the pieces this rank owns; for the others' new
-// values, straight into the parameters where the piece tiles one stretch
-// of them (flat_span), else into the piece's place in the bucket (no
-// value arrives before this rank's own sums of that piece were sent).
-Posted post_receives(c10d::Backend& gloo, const std::vector<Segment>& segs, const at::Tensor& buf,
-                     const at::Tensor& flat, int me, int world, uint32_t call) {
-  Posted p{segs, std::vector<Sums>(segs.size()), std::vector<Work>(segs.size())};
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const Segment& sg = segs[i];
-    at::Tensor part = buf.narrow(0, sg.off, sg.len);
-    if (sg.owner != me) {
-      const int64_t from = flat_span(sg);
-      std::vector<at::Tensor> r{from >= 0 ? flat.narrow(0, from, sg.len) : part};
-      p.values[i] = gloo.recv(r, sg.owner, tag_of(call, 1, i));
-      continue;
-    }
-    for (int peer = 0; peer < world; ++peer) {
-      if (peer == me) continue;
-      std::vector<at::Tensor> t{at::empty_like(part)};
-      auto w = gloo.recv(t, peer, tag_of(call, 0, i));
-      p.sums[i].emplace_back(std::move(w), t[0]);
-    }
-  }
-  return p;
-}
-
 class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
   // cuda_via_gloo: CUDA buckets go through Gloo (no NCCL), staged through
@@ -302,15 +213,11 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
     std::vector<Segment> segs;
     uint32_t call = 0;
     bool update = false;
-    std::optional<Posted> pre;
-    if (plan(bucket, segs, call, update, pre)) {
+    if (plan(bucket, segs, call, update)) {
       // The last bucket launches once backward's compute is done: its
       // work may use the rank's intra-op threads.
       const int64_t slice = bucket.isLast() ? INT64_MAX : kSerialSlice;
-      if (update) {
-        return reduce_update_share(bucket.getBufferRef(), std::move(segs), call, slice,
-                                   std::move(pre));
-      }
+      if (update) return reduce_update_share(bucket.getBufferRef(), std::move(segs), call, slice);
       return reduce_to_owners(bucket.getBufferRef(), std::move(segs), call, slice);
     }
     std::vector<at::Tensor> tensors{bucket.getBufferRef()};
@@ -322,7 +229,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   // Nothing here may depend on this rank's device unless every rank's does
   // alike (a CUDA bucket with NCCL: then every rank is on CUDA).
   bool plan(c10d::GradBucket& bucket, std::vector<Segment>& segs, uint32_t& call,
-            bool& update, std::optional<Posted>& pre) {
+            bool& update) {
     const at::Tensor& buf = bucket.getBufferRef();
     if (!buf.is_contiguous() || (!buf.is_cpu() && !cuda_via_gloo_)) return false;
     std::lock_guard<std::mutex> lock(shards_->mu);
@@ -376,20 +283,6 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
       }
     }
     segs = std::move(pieces);
-    // Remember this launch's pieces for the next backward's receives, and
-    // take the receives posted for it, if any.
-    const uint32_t pos = call - shards_->armed_call;
-    if (shards_->seen.size() <= pos) shards_->seen.resize(pos + 1);
-    shards_->seen[pos] = {segs, buf};
-    if (pos < shards_->posted.size() && shards_->posted[pos]) {
-      pre = std::move(shards_->posted[pos]);
-      shards_->posted[pos].reset();
-      shards_->update.ahead.fetch_add(1);
-      if (!(pre->segs == segs)) {
-        throw std::runtime_error("gradient bucket " + std::to_string(bucket.getIndex()) +
-                                 " was cut differently from the receives posted for it");
-      }
-    }
     return true;
   }
 
@@ -451,8 +344,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
   // backward returns with the step's update done everywhere.
   c10::intrusive_ptr<c10::ivalue::Future> reduce_update_share(at::Tensor buf,
                                                               std::vector<Segment> segs,
-                                                              uint32_t call, int64_t slice,
-                                                              std::optional<Posted> pre) {
+                                                              uint32_t call, int64_t slice) {
     const int me = state_->getRank();
     const int world = state_->getSize();
     at::Tensor flat;
@@ -462,25 +354,35 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
       flat = shards_->flat;
       u = &shards_->update;
     }
-    std::vector<Work> works;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     // For each piece this rank owns: (piece, the peers' sums in rank order).
-    std::vector<std::pair<size_t, Sums>> owned;
+    std::vector<std::pair<size_t, std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>>>>
+        owned;
     // Pieces whose runs do not tile one stretch of the flat buffer: their
     // new values arrive in the bucket's buffer (this rank's own gradient
     // there is no longer needed: the owner replies only once it has all of
     // this rank's sums).
     std::vector<size_t> scatter;
-    Posted got = pre ? std::move(*pre) : post_receives(*gloo_, segs, buf, flat, me, world, call);
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& sg = segs[i];
+      at::Tensor part = buf.narrow(0, sg.off, sg.len);
       if (sg.owner != me) {
-        std::vector<at::Tensor> t{buf.narrow(0, sg.off, sg.len)};
+        std::vector<at::Tensor> t{part};
         works.push_back(gloo_->send(t, sg.owner, tag_of(call, 0, i)));
-        works.push_back(std::move(got.values[i]));
-        if (flat_span(sg) < 0) scatter.push_back(i);
+        const int64_t from = flat_span(sg);
+        std::vector<at::Tensor> r{from >= 0 ? flat.narrow(0, from, sg.len) : part};
+        works.push_back(gloo_->recv(r, sg.owner, tag_of(call, 1, i)));
+        if (from < 0) scatter.push_back(i);
         continue;
       }
-      owned.emplace_back(i, std::move(got.sums[i]));
+      std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sums;
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == me) continue;
+        std::vector<at::Tensor> t{at::empty_like(part)};
+        auto w = gloo_->recv(t, peer, tag_of(call, 0, i));
+        sums.emplace_back(std::move(w), t[0]);
+      }
+      owned.emplace_back(i, std::move(sums));
     }
     auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
     auto timeout = timeout_;
@@ -494,10 +396,6 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
                             slice]() mutable {
       try {
         at::NoGradGuard no_grad;
-        // This rank's new values sent in earlier backwards must be out
-        // before this update writes its parameters again.
-        if (!owned.empty()) settle(*shards, timeout, false);
-        std::vector<Work> replies;
         for (auto& [i, sums] : owned) {
           const auto& sg = segs[i];
           at::Tensor g = buf.narrow(0, sg.off, sg.len);
@@ -540,8 +438,7 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
           // into the piece's place in the bucket (its gradient sums are
           // spent), so they still go in one message.
           at::Tensor out;
-          const int64_t from = flat_span(sg);
-          if (from >= 0) {
+          if (const int64_t from = flat_span(sg); from >= 0) {
             out = flat.narrow(0, from, sg.len);
           } else {
             for (const Run& run : sg.runs) {
@@ -551,18 +448,11 @@ class HtSumHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::Pro
             }
             out = buf.narrow(0, sg.off, sg.len);
           }
-          // Sent from the parameters: not waited for here (see
-          // HtShards::replies); from the bucket, which the next backward
-          // overwrites: waited for.
           for (int peer = 0; peer < world; ++peer) {
             if (peer == me) continue;
             std::vector<at::Tensor> t{out};
-            (from >= 0 ? replies : works).push_back(gloo->send(t, peer, tag_of(call, 1, i)));
+            works.push_back(gloo->send(t, peer, tag_of(call, 1, i)));
           }
-        }
-        if (!replies.empty()) {
-          std::lock_guard<std::mutex> lock(shards->reply_mu);
-          shards->fresh.insert(shards->fresh.end(), replies.begin(), replies.end());
         }
         for (auto& w : works) ht::wait_work(w, timeout);
         for (size_t i : scatter) {
@@ -600,8 +490,6 @@ struct HtReducer {
   std::shared_ptr<HtShards> shards;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   int64_t params = 0;
-  c10::intrusive_ptr<c10d::Backend> gloo;
-  std::chrono::milliseconds timeout{0};
 };
 
 }  // namespace
@@ -671,8 +559,6 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
       r->accumulators.push_back(std::move(acc));
     }
     r->params = static_cast<int64_t>(n);
-    r->gloo = g->gloo;
-    r->timeout = g->timeout;
     *out = r.release();
   });
 }
@@ -681,10 +567,7 @@ int ht_reducer_create(void* h, at::Tensor** params, size_t n, int64_t bucket_byt
 int ht_reducer_prepare_forward(void* r, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     auto red = static_cast<HtReducer*>(r);
-    if (red->reducer->rebuild_buckets()) {
-      std::lock_guard<std::mutex> lock(red->shards->mu);
-      ++red->shards->epoch;
-    }
+    red->reducer->rebuild_buckets();
     red->reducer->prepare_for_forward();
   });
 }
@@ -701,48 +584,6 @@ int ht_reducer_prepare_backward(void* r, at::Tensor* loss, char* err, size_t err
       red->trace->ready_at_launch.clear();
     }
     red->reducer->prepare_for_backward({*loss});
-    // With the update in backward, post this backward's receives now (see
-    // Posted), for the buckets the last backward launched, where nothing
-    // has changed how they are cut since.
-    auto& s = *red->shards;
-    {
-      std::lock_guard<std::mutex> lock(s.reply_mu);
-      s.replies.insert(s.replies.end(), s.fresh.begin(), s.fresh.end());
-      s.fresh.clear();
-    }
-    std::lock_guard<std::mutex> lock(s.mu);
-    for (const auto& p : s.posted) {
-      // A bucket that did not launch leaves receives on tags that later
-      // calls reuse: stop rather than mix messages up.
-      if (p) throw std::runtime_error("a gradient bucket did not launch in the last backward");
-    }
-    s.posted.clear();
-    auto seen = std::move(s.seen);
-    s.seen.clear();
-    const bool same = s.seen_epoch == s.epoch;
-    s.seen_epoch = s.epoch;
-    s.armed_call = s.calls;
-    if (!same || !s.update.on || !s.flat.defined()) return;
-    const int me = red->pg->getRank();
-    const int world = red->pg->getSize();
-    for (size_t k = 0; k < seen.size(); ++k) {
-      const auto& [segs, buf] = seen[k];
-      if (segs.empty() || !buf.defined()) {
-        s.posted.emplace_back();
-        continue;
-      }
-      s.posted.emplace_back(post_receives(*red->gloo, segs, buf, s.flat, me, world,
-                                          s.calls + static_cast<uint32_t>(k)));
-    }
-  });
-}
-
-// Wait until this rank's new values sent to the other ranks are out (call
-// before anything but the next update writes the parameters).
-int ht_reducer_settle(void* r, char* err, size_t err_len) {
-  return guarded(err, err_len, [&] {
-    auto red = static_cast<HtReducer*>(r);
-    settle(*red->shards, red->timeout, true);
   });
 }
 
@@ -769,9 +610,7 @@ int ht_reducer_set_shards(void* r, at::Tensor* flat, const int64_t* bounds, size
                           char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     auto red = static_cast<HtReducer*>(r);
-    settle(*red->shards, red->timeout, true);
     std::lock_guard<std::mutex> lock(red->shards->mu);
-    ++red->shards->epoch;
     red->shards->bounds.clear();
     red->shards->base = nullptr;
     red->shards->flat = at::Tensor();
@@ -795,15 +634,12 @@ int ht_reducer_set_update(void* r, int on, int adamw, at::Tensor* m, at::Tensor*
                           size_t err_len) {
   return guarded(err, err_len, [&] {
     auto red = static_cast<HtReducer*>(r);
-    // The update after backward writes the parameters from this thread.
-    if (!on) settle(*red->shards, red->timeout, true);
     std::lock_guard<std::mutex> lock(red->shards->mu);
     auto& u = red->shards->update;
     u.updated.store(0);
     u.received.store(0);
     u.early.store(0);
     u.update_ns.store(0);
-    u.ahead.store(0);
     u.on = false;
     if (!on) return;
     if (red->shards->base == nullptr || !red->shards->flat.is_cpu())
@@ -824,28 +660,20 @@ int ht_reducer_set_update(void* r, int on, int adamw, at::Tensor* m, at::Tensor*
 }
 
 // What the last backward's update did: elements updated here, elements
-// received from their owners, pieces updated before backward ended,
-// nanoseconds spent updating, and buckets whose receives were posted
-// before backward began.
+// received from their owners, pieces updated before backward ended, and
+// nanoseconds spent updating.
 void ht_reducer_updated(void* r, int64_t* updated, int64_t* received, int64_t* early,
-                        int64_t* update_ns, int64_t* ahead) {
+                        int64_t* update_ns) {
   auto red = static_cast<HtReducer*>(r);
   *updated = red->shards->update.updated.load();
   *received = red->shards->update.received.load();
   *early = red->shards->update.early.load();
   *update_ns = red->shards->update.update_ns.load();
-  *ahead = red->shards->update.ahead.load();
 }
 
 void ht_reducer_destroy(void* r) {
   try {
-    auto red = static_cast<HtReducer*>(r);
-    // The other ranks may still be reading this rank's last new values.
-    try {
-      settle(*red->shards, red->timeout, true);
-    } catch (...) {
-    }
-    delete red;
+    delete static_cast<HtReducer*>(r);
   } catch (...) {
   }
 }

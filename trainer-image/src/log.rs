@@ -62,11 +62,6 @@ pub struct StepRecord {
     /// (and sent) before backward had produced every gradient.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub updated_in_backward: Option<i64>,
-    /// With the update inside backward: buckets whose receives (the sums
-    /// this rank owns, the new values it does not) were posted before
-    /// backward began, so a rank done early sends at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub posted_ahead: Option<i64>,
     /// Parameter elements this rank's optimizer updated (its shard).
     pub optimizer_elements: i64,
     /// This step started a control word (plan, stop, loss): every k-th

@@ -149,52 +149,6 @@ fn the_sharded_update_runs_inside_backward() {
     );
 }
 
-/// With the update inside backward each rank posts its receives (the sums
-/// it owns, the new values it does not) before backward begins, for the
-/// buckets the step before launched: not on the first step (nothing seen
-/// yet) nor on the second (the Reducer rebuilds its buckets in gradient
-/// order before it), then on every bucket of every step. Counted by the
-/// ranks (`posted_ahead`), not timed; the results are checked bit for bit
-/// by the test below and the equivalence tests.
-#[test]
-fn receives_are_posted_before_backward_once_the_buckets_are_settled() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let plan = dir.path().join("plan.json");
-    write_plan(&plan, 0, &[40, 24]);
-    let a = mlp(
-        "512",
-        "512",
-        "64",
-        "6",
-        &[
-            "--first-bucket-mib",
-            "1",
-            "--optimizer-sharding",
-            "proportional",
-        ],
-    );
-    run_two_at_plan(a, &[], &out, &plan);
-    for r in 0..2 {
-        let per_step: Vec<(u64, u64)> = steps(&log_records(&out, r))
-            .iter()
-            .map(|s| {
-                let ahead = s["posted_ahead"]
-                    .as_u64()
-                    .unwrap_or_else(|| panic!("rank {r}: no posted_ahead in {s}"));
-                (ahead, s["buckets"].as_u64().expect("buckets logged"))
-            })
-            .collect();
-        assert_eq!(per_step.len(), 6, "rank {r}");
-        assert_eq!(per_step[0].0, 0, "rank {r}: step 1 {per_step:?}");
-        assert_eq!(per_step[1].0, 0, "rank {r}: step 2 {per_step:?}");
-        for (ahead, buckets) in &per_step[2..] {
-            assert!(*buckets >= 2, "rank {r}: {per_step:?}");
-            assert_eq!(ahead, buckets, "rank {r}: {per_step:?}");
-        }
-    }
-}
-
 /// The update inside backward and the one after it (`--update-after-backward`)
 /// give the same parameters bit for bit: SGD with momentum and weight decay,
 /// and AdamW, two ranks with unequal shards (40 / 24, `proportional`: under

@@ -131,7 +131,6 @@ extern "C" {
     ) -> c_int;
     pub(super) fn ht_reducer_prepare_forward(r: *mut c_void, err: *mut c_char, len: usize)
         -> c_int;
-    pub(super) fn ht_reducer_settle(r: *mut c_void, err: *mut c_char, len: usize) -> c_int;
     pub(super) fn ht_reducer_prepare_backward(
         r: *mut c_void,
         loss: *mut c_void,
@@ -173,7 +172,6 @@ extern "C" {
         received: *mut i64,
         early: *mut i64,
         update_ns: *mut i64,
-        ahead: *mut i64,
     );
     pub(super) fn ht_autograd_collective_ns() -> i64;
     pub(super) fn ht_reducer_destroy(r: *mut c_void);

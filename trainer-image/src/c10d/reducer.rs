@@ -57,9 +57,6 @@ pub struct UpdateDone {
     pub early: i64,
     /// Seconds spent updating (on the comm hook's threads).
     pub seconds: f64,
-    /// Buckets whose receives were posted before backward began (all of
-    /// them once the buckets and shards stay as they were the step before).
-    pub ahead: i64,
 }
 
 impl Reducer<'_> {
@@ -115,8 +112,7 @@ impl Reducer<'_> {
 
     /// What the last backward's in-backward update did.
     pub fn updated(&self) -> UpdateDone {
-        let (mut updated, mut received, mut early, mut ns, mut ahead) =
-            (0i64, 0i64, 0i64, 0i64, 0i64);
+        let (mut updated, mut received, mut early, mut ns) = (0i64, 0i64, 0i64, 0i64);
         // SAFETY: r is a live Reducer; the outputs are valid i64s.
         unsafe {
             ht_reducer_updated(
@@ -125,7 +121,6 @@ impl Reducer<'_> {
                 &mut received,
                 &mut early,
                 &mut ns,
-                &mut ahead,
             )
         };
         UpdateDone {
@@ -133,7 +128,6 @@ impl Reducer<'_> {
             received,
             early,
             seconds: ns.max(0) as f64 * 1e-9,
-            ahead,
         }
     }
 
@@ -143,18 +137,6 @@ impl Reducer<'_> {
         // SAFETY: r is a live Reducer.
         self.pg.call("reducer", |err| unsafe {
             ht_reducer_prepare_forward(r, err, ERR_LEN)
-        })
-    }
-
-    /// Wait until the new values this rank sent as an owner are out. The
-    /// update in backward does not wait for them (the owner goes on while
-    /// slower ranks read them); call this before anything other than the
-    /// next update, set_shards or set_update(None) writes the parameters.
-    pub fn settle(&self) -> Result<()> {
-        let r = self.handle;
-        // SAFETY: r is a live Reducer.
-        self.pg.call("reducer", |err| unsafe {
-            ht_reducer_settle(r, err, ERR_LEN)
         })
     }
 

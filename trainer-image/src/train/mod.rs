@@ -278,9 +278,6 @@ impl<'a> Trainer<'a> {
     /// stale). Collective over the whole group.
     fn catch_up(&self) -> Result<()> {
         let Some(pg) = self.pg else { return Ok(()) };
-        if let Some(r) = &self.reducer {
-            r.settle()?;
-        }
         let _guard = tch::no_grad_guard();
         let mut flat = self.p.flat.range((0, self.p.flat.len()));
         pg.broadcast(&mut flat, 0)

@@ -90,9 +90,6 @@ impl<'a> Trainer<'a> {
         let members = self.plan.members();
         let joining = members.iter().any(|r| !self.team.members().contains(r));
         if joining {
-            if let Some(r) = &self.reducer {
-                r.settle()?;
-            }
             broadcast_all(self.pg, &self.p.all_vars)?;
         }
         // The optimizer ranges follow the plan (the state moves with them).
@@ -455,7 +452,6 @@ impl<'a> Trainer<'a> {
             buckets: overlap.map(|o| o.1),
             overlapped_buckets: overlap.map(|o| o.0),
             updated_in_backward: updated.map(|u| u.early),
-            posted_ahead: updated.map(|u| u.ahead),
             optimizer_elements: hi - lo,
             control_word: self.word_now,
             prefetched: self.prefetched,
