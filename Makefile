@@ -28,12 +28,8 @@ lint: setup ## cargo fmt --check and clippy -D warnings
 	@echo "==> cargo clippy --all-targets -- -D warnings"
 	@$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: lint ## formatting, lints and every test (unit, real API server, real c10d, the Python library)
-	@echo "==> cargo test --workspace"
-	@$(CARGO) test --workspace -- --test-threads=2
-	@echo "==> python: heterotrain library (real Gloo ranks)"
-	@$(ENV) "$$HETEROTRAIN_PYTHON" -m unittest discover -s trainer-image/python/tests -v
-	@echo "==> all tests passed"
+test: setup ## formatting, lints and every test (unit, real API server, real c10d, the Python library), in parallel lanes; prints the slowest
+	@bash e2e/scripts/test.sh
 
 CHAOS_KILLS ?= 20
 

@@ -67,10 +67,22 @@ fn up_env_status_down() {
 
     let down = local(&name, &["down"]);
     assert!(down.status.success());
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    for pid in pids {
-        assert!(!alive(pid), "process {pid} survived `down`");
+    // Exiting (and being reaped) takes a moment, longer on a loaded
+    // machine: poll, rather than look once after a fixed sleep. A process
+    // `down` did not stop is still there after 20 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut survivors = pids;
+    loop {
+        survivors.retain(|&pid| alive(pid));
+        if survivors.is_empty() || std::time::Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    assert!(
+        survivors.is_empty(),
+        "processes {survivors:?} survived `down` (20 s)"
+    );
     let env = local(&name, &["env"]);
     assert!(
         !env.status.success(),

@@ -237,12 +237,17 @@ mod tests {
     #[test]
     fn entries_not_met_for_the_ttl_are_forgotten() {
         let key = |n: &str| JobKey::new("ns", n);
-        let mut m = HashMap::from([(key("a"), (1u32, Instant::now()))]);
-        std::thread::sleep(Duration::from_millis(300));
-        m.insert(key("b"), (2, Instant::now()));
+        // Last met 10 s ago and just now: no sleep, so a preempted test
+        // thread cannot age `b` past the TTL.
+        let now = Instant::now();
+        let long_ago = now
+            .checked_sub(Duration::from_secs(10))
+            .expect("an instant 10 s ago");
+        let mut m = HashMap::from([(key("a"), (1u32, long_ago))]);
+        m.insert(key("b"), (2, now));
         forget_stale(&mut m, PER_JOB_MEMORY);
         assert_eq!(m.len(), 2, "both met within the hour");
-        forget_stale(&mut m, Duration::from_millis(150));
+        forget_stale(&mut m, Duration::from_secs(5));
         assert_eq!(m.keys().collect::<Vec<_>>(), [&key("b")]);
     }
 }

@@ -54,7 +54,7 @@ spec:
 
     // A real failure counts: with backoffLimit 0 the job fails.
     finish_pod(&env, "evictee-0", 1, "Error").await;
-    let (_, reason, _) = eventually(Duration::from_secs(30), "Failed", || async {
+    let (_, reason, _) = eventually(Duration::from_secs(60), "Failed", || async {
         condition(&env, "evictee", "Failed")
             .await
             .filter(|c| c.0 == "True")

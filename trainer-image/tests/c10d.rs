@@ -13,13 +13,15 @@ fn cfg(rank: usize, port: u16, coll_secs: u64) -> RendezvousConfig {
     cfg_of(rank, 2, port, coll_secs)
 }
 
+/// Ranks join within a minute (threads of one process: at once, unless the
+/// machine is loaded).
 fn cfg_of(rank: usize, world_size: usize, port: u16, coll_secs: u64) -> RendezvousConfig {
     RendezvousConfig {
         master_addr: "127.0.0.1".into(),
         master_port: port,
         rank,
         world_size,
-        rendezvous_timeout: Duration::from_secs(20),
+        rendezvous_timeout: Duration::from_secs(60),
         collective_timeout: Duration::from_secs(coll_secs),
         bind_host: None,
         iface: None,
@@ -114,6 +116,12 @@ fn the_flight_recorder_is_off_unless_asked_for() {
     );
 }
 
+/// How long a collective whose peer is gone may take to fail, given a
+/// collective timeout of 3 s: slack for a loaded machine, yet far below
+/// what an ignored timeout would give (Gloo's default, 30 minutes; the
+/// trainer's, 300 s).
+const FAIL_WITHIN: Duration = Duration::from_secs(30);
+
 /// Rank `survivor` of two runs `op` after its peer joined and left
 /// without taking part: the error and how long it took.
 fn after_the_peer_left(
@@ -140,7 +148,7 @@ fn dead_peer_is_an_error_within_the_collective_timeout() {
         let mut t = Tensor::ones([8], tch::kind::FLOAT_CPU);
         pg.all_reduce_sum(&mut t)
     });
-    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(took < FAIL_WITHIN, "{took:?}");
     assert!(err.starts_with("collective all_reduce failed"), "{err}");
 }
 
@@ -154,7 +162,7 @@ fn a_star_sum_with_a_dead_peer_fails_within_the_timeout() {
             let mut t = Tensor::ones([4], tch::kind::DOUBLE_CPU);
             pg.star_sum_async(&mut t).and_then(|w| w.wait())
         });
-        assert!(took < Duration::from_secs(8), "rank {survivor}: {took:?}");
+        assert!(took < FAIL_WITHIN, "rank {survivor}: {took:?}");
         assert!(
             err.starts_with("collective star_sum failed"),
             "rank {survivor}: {err}"

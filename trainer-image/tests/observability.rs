@@ -19,7 +19,7 @@ use heterotrain_crds::HardwareProfile;
 /// GET `http://addr/path`, the body.
 fn http_get(addr: &str, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
@@ -121,10 +121,12 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
                     "cifar10",
                     "--data-dir",
                     &data.display().to_string(),
+                    // Far longer than the scrapes take (at least 60 s):
+                    // stopped by SIGTERM once they are done.
                     "--epochs",
                     "1000",
                     "--max-steps",
-                    "150",
+                    "3000",
                     "--step-sleep-ms",
                     "20",
                     "--profile-seconds",
@@ -142,15 +144,40 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
         })
         .collect();
     let addr = format!("127.0.0.22:{port}");
-    // Wait until rank 1 trains, then scrape twice.
-    assert!(
-        wait_until(Duration::from_secs(120), || last_step(dir.path(), 1) >= 5),
-        "no steps"
-    );
-    let first = http_get(&addr, "/metrics").expect("scrape 1");
-    std::thread::sleep(Duration::from_millis(800));
-    let second = http_get(&addr, "/metrics").expect("scrape 2");
+    // Wait until rank 1 trains, scrape, then scrape again until every
+    // phase counter and the step counter have moved (a few steps, however
+    // slowly they come on a loaded machine; the run lasts far longer than
+    // the deadline). Then stop both ranks, whatever happened (SIGTERM:
+    // they finish the step and exit 0).
+    let started = wait_until(Duration::from_secs(120), || last_step(dir.path(), 1) >= 5);
+    let first = if started {
+        http_get(&addr, "/metrics")
+    } else {
+        None
+    };
+    let phase_key = |phase: &str| format!("{}{{phase=\"{phase}\"}}", m::PHASE_SECONDS_TOTAL);
+    let mut second = None;
+    if let Some(first) = &first {
+        let a = samples(first);
+        let moved =
+            |b: &HashMap<String, f64>, k: &str| a.get(k).zip(b.get(k)).is_some_and(|(x, y)| y > x);
+        wait_until(Duration::from_secs(60), || {
+            let Some(text) = http_get(&addr, "/metrics") else {
+                return false;
+            };
+            let b = samples(&text);
+            second = Some(text);
+            m::PHASES.iter().all(|&p| moved(&b, phase_key(p).as_str())) && moved(&b, m::STEPS_TOTAL)
+        });
+    }
+    for c in &children {
+        // SAFETY: plain kill(2) on our own child (not yet waited for).
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    }
     let outs = wait_all(children, Duration::from_secs(180));
+    assert!(started, "no steps");
+    let first = first.expect("scrape 1");
+    let second = second.expect("scrape 2");
     assert_all_ok(&outs);
 
     let lint = Command::new("promtool")
@@ -176,7 +203,7 @@ fn live_metrics_pass_promtool_and_phase_counters_move() {
 
     let (a, b) = (samples(&first), samples(&second));
     for phase in m::PHASES {
-        let k = format!("{}{{phase=\"{phase}\"}}", m::PHASE_SECONDS_TOTAL);
+        let k = phase_key(phase);
         let (x, y) = (a[&k], b[&k]);
         assert!(y > x, "{k} did not move: {x} -> {y}");
     }
@@ -287,22 +314,25 @@ fn local_balancer_moves_samples_to_the_faster_rank() {
         &dir.path().display().to_string(),
     ]);
     let version = cgroup::detect();
+    // A tenth of a core: rank 1 stays several times slower than rank 0
+    // even when other work on a loaded machine leaves rank 0 a third of a
+    // core, so the direction of the shift does not depend on the load.
     let slow = cgroup::Cgroup::create(
         version,
         "trainer-tests",
         &format!("slow-{}", std::process::id()),
-        0.3,
+        0.1,
     )
     .expect("create cgroup")
     .expect("this test needs a writable cgroup CPU controller (root)");
     // A 10 ms period: throttling spread evenly over steps of a few ms
-    // instead of 70 ms stalls every 100 ms.
+    // instead of 90 ms stalls every 100 ms.
     let cg = slow.dir();
     let fine = if cg.join("cpu.cfs_quota_us").exists() {
-        std::fs::write(cg.join("cpu.cfs_quota_us"), "3000")
+        std::fs::write(cg.join("cpu.cfs_quota_us"), "1000")
             .and_then(|_| std::fs::write(cg.join("cpu.cfs_period_us"), "10000"))
     } else {
-        std::fs::write(cg.join("cpu.max"), "3000 10000")
+        std::fs::write(cg.join("cpu.max"), "1000 10000")
     };
     fine.expect("set a 10 ms CFS period");
     let master = free_port();
@@ -347,24 +377,21 @@ fn local_balancer_moves_samples_to_the_faster_rank() {
     eprintln!("per-sample compute before balancing: rank 0 {p0:.2e} s, rank 1 {p1:.2e} s");
     // (A sanity check that the quota bites; the exact ratio depends on load.)
     assert!(p1 > 1.2 * p0, "rank 1 is not slower: {p0} vs {p1}");
-    // Within 3 intervals the fast rank holds more samples.
-    let by = (3 * every + 1) as usize;
-    let b0 = s0[by - 1]["batch_size"].as_u64().unwrap_or(0);
-    let b1 = s1[by - 1]["batch_size"].as_u64().unwrap_or(0);
-    let gen = s0[by - 1]["generation"].as_u64().unwrap_or(0);
-    eprintln!("step {by}: generation {gen}, batches [{b0}, {b1}]");
-    assert!(
-        gen >= 1 && b0 > b1,
-        "no shift to the fast rank by step {by}: [{b0}, {b1}]"
-    );
-    // By the end the shift is substantial. (How fast it gets there depends
-    // on how much the other test binaries load this machine: the measured
-    // contrast between the ranks shrinks when the fast one is starved too.)
-    let (e0, e1) = (
+    // By the end (4 balancing rounds) the balancer has moved a substantial
+    // share of the samples to the fast rank. How fast it gets there, round
+    // by round, depends on how much the other test binaries load this
+    // machine (the measured contrast between the ranks shrinks when the
+    // fast one is starved too), so only where it ends is asserted.
+    let (g, e0, e1) = (
+        s0[49]["generation"].as_u64().unwrap_or(0),
         s0[49]["batch_size"].as_u64().unwrap_or(0),
         s1[49]["batch_size"].as_u64().unwrap_or(0),
     );
-    assert!(e0 > e1 + 16, "final split [{e0}, {e1}]");
+    eprintln!("step 50: generation {g}, batches [{e0}, {e1}]");
+    assert!(
+        g >= 1 && e0 > e1 + 16,
+        "no shift to the fast rank by the end: generation {g}, split [{e0}, {e1}]"
+    );
     // Step times are reported, not asserted: timing belongs to benchmarks.
     let wall = |lo: usize, hi: usize| {
         s0[lo..hi]

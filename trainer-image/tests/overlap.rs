@@ -122,12 +122,15 @@ fn a_cpu_team_sends_a_small_model_in_one_bucket_unless_asked() {
 /// still computes the first layer's large gradient (DDP's 1 MiB first
 /// bucket, asked for: a CPU team's default puts this model in one bucket).
 /// Counted per step by the ranks (`updated_in_backward`: pieces updated
-/// before the last gradient was ready), not timed.
+/// before the last gradient was ready), not timed. Whether a step gets a
+/// piece in early depends on the peer's first bucket arriving while rank 0
+/// still computes (on a loaded machine a rank may wait for the CPU through
+/// a whole backward): 20 steps, so that at least one of them shows it.
 #[test]
 fn the_sharded_update_runs_inside_backward() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut a = mlp("512", "1024", "512", "6", &["--first-bucket-mib", "1"]);
+    let mut a = mlp("512", "1024", "512", "20", &["--first-bucket-mib", "1"]);
     a.extend(path_arg("--output-dir", &out));
     run_ok(2, &a);
     let early: Vec<Vec<u64>> = (0..2)
@@ -199,10 +202,11 @@ fn the_update_inside_backward_equals_the_update_after_it() {
 /// The next batch gathered during the step before (the default) trains the
 /// same parameters, bit for bit, as each batch gathered when its step
 /// starts (`--no-prefetch`), across epoch boundaries (a new permutation each
-/// epoch) with unequal local batches; and the default really took batches
-/// from the prefetch thread (a 20 ms pause after each step leaves its CPU
-/// time to gather; a batch not ready when its step starts is gathered by
-/// the step itself, so on a loaded machine not every step finds one).
+/// epoch) with unequal local batches. The prefetched run waits for each
+/// batch from the helper (`--prefetch-wait`, which also runs the helper at
+/// normal priority), so every step after the first trains on a prefetched
+/// batch whatever else the machine runs; how often an idle-priority helper
+/// is in time on a quiet machine is a benchmark figure, not asserted here.
 #[test]
 fn batches_gathered_ahead_train_the_same_parameters() {
     let dir = tempfile::tempdir().unwrap();
@@ -211,13 +215,7 @@ fn batches_gathered_ahead_train_the_same_parameters() {
     let run = |name: &str, extra: &[&str]| {
         let out = dir.path().join(name);
         // 200 samples, 180 of them for training: 2 steps per epoch.
-        let a = mlp(
-            "64",
-            "200",
-            "64",
-            "9",
-            &["--deterministic", "--lr", "0.05", "--step-sleep-ms", "20"],
-        );
+        let a = mlp("64", "200", "64", "9", &["--deterministic", "--lr", "0.05"]);
         run_two_at_plan(a, extra, &out, &plan);
         let prefetched: Vec<Vec<bool>> = (0..2)
             .map(|r| {
@@ -233,7 +231,7 @@ fn batches_gathered_ahead_train_the_same_parameters() {
             .collect();
         (load_weights(&out.join("model.safetensors")), prefetched)
     };
-    let (ahead, flags) = run("ahead", &[]);
+    let (ahead, flags) = run("ahead", &["--prefetch-wait"]);
     let (at_step, flags_off) = run("at-step", &["--no-prefetch"]);
     for r in 0..2 {
         assert_eq!(flags[r].len(), 9, "rank {r}: {flags:?}");
@@ -242,8 +240,8 @@ fn batches_gathered_ahead_train_the_same_parameters() {
             "rank {r}: the first batch has no step before it"
         );
         assert!(
-            flags[r][1..].iter().any(|&p| p),
-            "rank {r}: every batch was gathered at its step: {flags:?}"
+            flags[r][1..].iter().all(|&p| p),
+            "rank {r}: a batch after the first was gathered at its step: {flags:?}"
         );
         assert!(flags_off[r].iter().all(|&p| !p), "rank {r}: {flags_off:?}");
     }

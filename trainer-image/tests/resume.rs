@@ -68,8 +68,12 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
     // gathered into each checkpoint and re-split on resume.
     let plan = dir.path().join("plan.json");
     write_plan(&plan, 0, &[17, 7]);
+    // Killed once the checkpoint at step 20 exists, with 60 steps (over
+    // 6 s at 100 ms a step) still to go: this thread may get the CPU late.
+    let total = 80u64;
     let base = |out: &Path, ck: &Path| {
         let mut a = base(out, ck);
+        set_flag(&mut a, "--max-steps", &total.to_string());
         a.extend(path_arg("--plan-file", &plan));
         a.extend(args(&["--optimizer-sharding", "proportional"]));
         a
@@ -80,7 +84,7 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
 
     let (out_b, ck_b) = (dir.path().join("b"), dir.path().join("ck-b"));
     let mut a = base(&out_b, &ck_b);
-    a.extend(args(&["--step-sleep-ms", "60"]));
+    a.extend(args(&["--step-sleep-ms", "100"]));
     let mut children = spawn_ranks(2, &a);
     assert!(wait_until(Duration::from_secs(60), || newest_ckpt_step(
         &ck_b
@@ -91,7 +95,7 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
     }
     let newest = newest_ckpt_step(&ck_b);
     assert!(
-        newest < 40,
+        newest < total,
         "killed before the end (newest checkpoint {newest})"
     );
     // Truncate the newest checkpoint's weights: resume must skip it.
@@ -120,7 +124,7 @@ fn sigkill_then_resume_auto_matches_uninterrupted_run() {
     let records = log_records(&out_b, 0);
     let resumed = steps(&records)[log_len..].to_vec();
     assert_eq!(resumed.first().unwrap()["step"], newest - 5 + 1);
-    assert_eq!(resumed.last().unwrap()["step"], 40);
+    assert_eq!(resumed.last().unwrap()["step"], total);
 
     let got = load_weights(&out_b.join("model.safetensors"));
     for (name, t) in &want {
@@ -334,7 +338,10 @@ fn sigterm_finishes_step_checkpoints_and_exits_zero() {
     let (out, ck) = (dir.path().join("o"), dir.path().join("ck"));
     let mut a = base(&out, &ck);
     set_flag(&mut a, "--checkpoint-every", "0");
-    a.extend(args(&["--step-sleep-ms", "50"]));
+    // Signalled at step 5 of 100 (over 9 s before the end at 100 ms a
+    // step): the stop lands long before the run would end by itself.
+    set_flag(&mut a, "--max-steps", "100");
+    a.extend(args(&["--step-sleep-ms", "100"]));
     let children = spawn_ranks(2, &a);
     assert!(wait_until(Duration::from_secs(60), || last_step(&out, 1) >= 5));
     let pid = children[1].id().to_string();
@@ -346,7 +353,7 @@ fn sigterm_finishes_step_checkpoints_and_exits_zero() {
     let outs = wait_all(children, Duration::from_secs(60));
     assert_all_ok(&outs);
     let stopped = last_step(&out, 0);
-    assert!((5..40).contains(&stopped), "stopped at {stopped}");
+    assert!((5..100).contains(&stopped), "stopped at {stopped}");
     assert_eq!(
         last_step(&out, 1),
         stopped,

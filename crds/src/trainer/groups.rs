@@ -90,6 +90,11 @@ pub struct DataArgs {
     /// The batches are the same either way.
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Each step waits for its batch from the helper thread, which then runs
+    /// at normal priority: the prefetch path taken at every step whatever
+    /// the machine's load (tests of that path; never faster).
+    #[arg(long, hide = true, conflicts_with = "no_prefetch")]
+    pub prefetch_wait: bool,
 }
 
 /// The trainer's `--context` when none is given.
@@ -285,6 +290,13 @@ pub struct PlanArgs {
     #[arg(long, env = env::NAMESPACE)]
     #[serde(skip)]
     pub namespace: Option<String>,
+    /// Seconds rank 0 waits at start for the plan ConfigMap's first plan
+    /// before it starts on an equal split (tests on a loaded machine, where
+    /// the watch may take longer than that to deliver it). Never written
+    /// by the operator: its pods keep the default, whatever the image.
+    #[arg(long, default_value_t = 5, hide = true)]
+    #[serde(skip)]
+    pub first_plan_wait_secs: u64,
     /// `local`: rank 0 balances from all-gathered measurements (no operator).
     #[arg(long, value_enum, default_value = "none", env = env::BALANCER)]
     pub balancer: BalancerMode,
@@ -324,7 +336,15 @@ pub struct ObsArgs {
     /// Time budget of the profile's measurements, seconds.
     #[arg(long, default_value_t = 3.0)]
     pub profile_seconds: f64,
-    /// Sleep this long after every step (demos and tests of live plan changes).
-    #[arg(long, default_value_t = 0, hide = true)]
+    /// Sleep this long after every step (demos and tests of live plan
+    /// changes; a bound on the steps per second whatever the machine).
+    /// Never written by the operator when 0, so that `HT_STEP_SLEEP_MS` in
+    /// a group's `env` takes effect (a flag beats its variable).
+    #[arg(long, default_value_t = 0, hide = true, env = env::STEP_SLEEP_MS)]
+    #[serde(skip_serializing_if = "is_zero_u64")]
     pub step_sleep_ms: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }

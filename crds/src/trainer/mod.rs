@@ -65,6 +65,9 @@ pub mod env {
     pub const BALANCER: &str = "HT_BALANCER";
     pub const POLICY: &str = "HT_POLICY";
     pub const METRICS_PORT: &str = "HT_METRICS_PORT";
+    /// `--step-sleep-ms`: a pause after every step (tests and demos that
+    /// need a job to last a known least time, whatever the machine's speed).
+    pub const STEP_SLEEP_MS: &str = "HT_STEP_SLEEP_MS";
 }
 
 /// Where plans come from when no operator writes them.

@@ -13,6 +13,15 @@ fn defaults_write_no_switches_and_parse_back_to_themselves() {
         .iter()
         .any(|a| a == "--no-shuffle" || a == "--no-profile"));
     assert!(!args.iter().any(|a| a == "--rank" || a == "--job-uid"));
+    // Test knobs stay off the command line, so that a group's `env` (e.g.
+    // HT_STEP_SLEEP_MS) reaches the trainer: a flag beats its variable.
+    for knob in [
+        "--step-sleep-ms",
+        "--prefetch-wait",
+        "--first-plan-wait-secs",
+    ] {
+        assert!(!args.iter().any(|a| a == knob), "{knob} in {args:?}");
+    }
     assert_eq!(parse(&args), d);
 }
 

@@ -46,6 +46,9 @@ pub struct Ctx {
     api: PodApiAccess,
     next_ip: AtomicU32,
     ip_prefix: u8,
+    /// Held while the instance lives: no other simulator, in this process
+    /// or another, takes the same `ip_prefix` (see [`claim_ip_prefix`]).
+    _ip_prefix_lock: Option<std::fs::File>,
     pub running: Mutex<HashMap<String, Arc<pod::RunningPod>>>,
     /// Prometheus file-SD output of the running pods' metrics ports.
     pub targets: targets::Targets,
@@ -138,6 +141,7 @@ impl NodeSimulator {
         if version == cgroup::Version::Unavailable {
             eprintln!("nodesim: warning: no writable cgroup CPU controller; pods run unthrottled");
         }
+        let (ip_prefix, ip_prefix_lock) = claim_ip_prefix();
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             nodes: nodes
@@ -153,7 +157,8 @@ impl NodeSimulator {
             instance,
             api,
             next_ip: AtomicU32::new(2),
-            ip_prefix: next_ip_prefix(),
+            ip_prefix,
+            _ip_prefix_lock: ip_prefix_lock,
             running: Mutex::new(HashMap::new()),
             targets: targets::Targets::default(),
             speeds: Mutex::new(HashMap::new()),
@@ -344,12 +349,37 @@ impl Drop for NodeSimulator {
     }
 }
 
-/// Second octet of an instance's pod IPs: distinct for every simulator in
-/// this process (and, by the process id, most likely across processes).
-fn next_ip_prefix() -> u8 {
+/// Second octet of an instance's pod IPs, distinct for every simulator on
+/// this machine at once (test binaries run in parallel): the first free one
+/// of 230, claimed by an exclusive `flock` on a file of its own in the
+/// temporary directory, held by the returned file until the instance ends
+/// (the kernel drops it with the process). Where no lock file can be made,
+/// a prefix from the process id, most likely distinct.
+fn claim_ip_prefix() -> (u8, Option<std::fs::File>) {
+    use std::os::fd::AsRawFd;
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::SeqCst);
-    (20 + (std::process::id().wrapping_mul(7).wrapping_add(n * 53)) % 230) as u8
+    let start = std::process::id().wrapping_mul(7).wrapping_add(n * 53);
+    let prefix = |i: u32| (20 + start.wrapping_add(i) % 230) as u8;
+    let dir = std::env::temp_dir().join("heterotrain-nodesim-ip-prefixes");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        for i in 0..230 {
+            let p = prefix(i);
+            let Ok(f) = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(p.to_string()))
+            else {
+                break;
+            };
+            // SAFETY: flock(2) on a descriptor `f` owns for the call.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return (p, Some(f));
+            }
+        }
+    }
+    (prefix(0), None)
 }
 
 fn rand_suffix() -> u32 {

@@ -292,14 +292,24 @@ impl LiveProfile {
     }
 }
 
+/// How long `profile` waits for one rank's live gauges by default.
+pub const LIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Rank pod `pod`'s `/metrics` on `port`, read through the API server's
 /// pod proxy (`pods/proxy`), so it works wherever the kubeconfig does —
 /// from a laptop outside the cluster's pod network too. `None` when the
-/// pod cannot be reached or does not answer within 2 s.
-pub async fn live_profile(client: &Client, ns: &str, pod: &str, port: u16) -> Option<LiveProfile> {
+/// pod cannot be reached or does not answer within `timeout`
+/// ([`LIVE_TIMEOUT`] unless `--live-timeout` says otherwise).
+pub async fn live_profile(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    port: u16,
+    timeout: Duration,
+) -> Option<LiveProfile> {
     let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics");
     let request = http::Request::get(path).body(Vec::new()).ok()?;
-    let text = tokio::time::timeout(Duration::from_secs(2), client.request_text(request))
+    let text = tokio::time::timeout(timeout, client.request_text(request))
         .await
         .ok()?
         .ok()?;

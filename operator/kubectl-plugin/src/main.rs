@@ -74,6 +74,10 @@ enum Cmd {
         /// (read through the API server's pod proxy: needs `get pods/proxy`).
         #[arg(long)]
         no_live: bool,
+        /// Seconds to wait for one rank's live gauges before showing its
+        /// cached profile instead.
+        #[arg(long, value_name = "SECONDS", default_value_t = fetch::LIVE_TIMEOUT.as_secs_f64())]
+        live_timeout: f64,
     },
 }
 
@@ -184,7 +188,12 @@ async fn main() -> anyhow::Result<()> {
             job,
             operator_namespace,
             no_live,
+            live_timeout,
         } => {
+            let live_timeout = Duration::try_from_secs_f64(live_timeout)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .context("--live-timeout must be a positive number of seconds")?;
             let v = fetch::job_view(&client, &ns, &job).await?;
             let cache = match fetch::profile_cache(&client, &operator_namespace).await {
                 Ok(c) => c,
@@ -201,7 +210,9 @@ async fn main() -> anyhow::Result<()> {
                         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                     });
                     if let Some(pod) = running.and_then(|p| p.metadata.name.as_deref()) {
-                        if let Some(p) = fetch::live_profile(&client, &ns, pod, port).await {
+                        if let Some(p) =
+                            fetch::live_profile(&client, &ns, pod, port, live_timeout).await
+                        {
                             live.insert(rank, p);
                         }
                     }

@@ -16,6 +16,9 @@ use serde_json::json;
 
 const NS: &str = "plugin";
 const OPERATOR_NS: &str = "heterotrain-system";
+/// `profile --live-timeout` in these tests: seconds for one rank's live
+/// gauges through the API server's pod proxy on a loaded machine.
+const LIVE_TIMEOUT: &str = "10";
 
 async fn create<K>(api: &Api<K>, v: serde_json::Value)
 where
@@ -495,6 +498,8 @@ async fn status_top_plan_and_profile_show_the_job() {
     )
     .await
     .expect("metrics port");
+    // The live read's default 2 s is short for a loaded test machine (the
+    // proxy's round trip competes for CPU with other tests): 10 s here.
     let profile = plugin(
         &cluster,
         &[
@@ -504,6 +509,8 @@ async fn status_top_plan_and_profile_show_the_job() {
             "demo",
             "--operator-namespace",
             OPERATOR_NS,
+            "--live-timeout",
+            LIVE_TIMEOUT,
         ],
     );
     let r0 = row(&profile, "RANK", "0");
@@ -644,7 +651,14 @@ async fn status_top_plan_and_profile_show_the_job() {
     let limited = account("plugin-user", Grant::Example).await;
     let nobody = account("plugin-nobody", Grant::Nothing).await;
     let no_events = account("plugin-no-events", Grant::ExampleWithoutEvents).await;
-    let profile = ["profile", "demo", "--operator-namespace", OPERATOR_NS];
+    let profile = [
+        "profile",
+        "demo",
+        "--operator-namespace",
+        OPERATOR_NS,
+        "--live-timeout",
+        LIVE_TIMEOUT,
+    ];
     let commands: [&[&str]; 7] = [
         &["status", "demo"],
         &["plan", "demo"],
@@ -669,7 +683,7 @@ async fn status_top_plan_and_profile_show_the_job() {
         // RBAC takes effect within moments of the binding.
         let user = heterotrain_e2e::wait::eventually(
             "the plugin user's access",
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             Duration::from_millis(250),
             || async {
                 let out = run_as(&limited, &args);

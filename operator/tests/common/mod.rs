@@ -55,9 +55,9 @@ pub fn cluster() -> &'static LocalCluster {
                     "heterotrainingjobs.heterotrain.dev",
                     kube::runtime::wait::conditions::is_crd_established(),
                 );
-                tokio::time::timeout(Duration::from_secs(30), established)
+                tokio::time::timeout(Duration::from_secs(60), established)
                     .await
-                    .expect("CRD established within 30s")
+                    .expect("CRD established within 60s")
                     .expect("watch CRD");
                 let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
                 roles
@@ -286,13 +286,19 @@ pub fn test_config(env: &Env, identity: &str) -> OperatorConfig {
     OperatorConfig {
         trainer_image: "test/trainer:1".into(),
         scrape_interval: Duration::from_millis(500),
-        scrape_timeout: Duration::from_secs(1),
+        // The fake ranks answer at once; a short timeout would only turn a
+        // CPU-starved answer into a missed reading.
+        scrape_timeout: Duration::from_secs(3),
         rebalance_interval: Duration::from_millis(1500),
         watch_namespaces: vec![env.ns.clone()],
         operator_namespace: env.ns.clone(),
         identity: identity.into(),
-        lease_duration: Duration::from_secs(4),
-        lease_renew_interval: Duration::from_millis(500),
+        // Long enough that renewals starved of CPU on a loaded machine do
+        // not lose the Lease (a replica that loses it stops for good);
+        // a stopped replica releases it, so a standby still takes over
+        // within a renew interval.
+        lease_duration: Duration::from_secs(15),
+        lease_renew_interval: Duration::from_secs(2),
         crd_wait: Duration::from_secs(30),
         ..OperatorConfig::default()
     }
@@ -490,7 +496,7 @@ pub async fn finish_pod(env: &Env, pod: &str, code: i32, reason: &str) {
 
 /// Wait until the job has `n` pods of gang `restart`, then mark them Running.
 pub async fn run_gang(env: &Env, job: &str, n: usize, restart: u32) -> Vec<Pod> {
-    let ps = eventually(Duration::from_secs(30), "the gang's pods", || async {
+    let ps = eventually(Duration::from_secs(60), "the gang's pods", || async {
         let ps = pods(env, job).await;
         let ok = ps.len() == n
             && ps.iter().all(|p| {

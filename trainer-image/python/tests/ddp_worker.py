@@ -69,7 +69,9 @@ def hetero(cfg):
             write_atomic(cfg["plan_file"], text)
     ht.finish()
     out = cfg["out"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{ht.metrics_port}/metrics", timeout=10) as r:
+    # A generous timeout: the endpoint is a thread of this process, which a
+    # loaded machine may leave waiting for the CPU.
+    with urllib.request.urlopen(f"http://127.0.0.1:{ht.metrics_port}/metrics", timeout=60) as r:
         metrics = r.read().decode()
     with open(os.path.join(out, f"metrics{ht.rank}.txt"), "w") as f:
         f.write(metrics)

@@ -8,6 +8,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 import torch
@@ -136,18 +137,24 @@ class ConfigMapSourceTest(unittest.TestCase):
                 with open(os.path.join(sa, "token"), "w") as f:
                     f.write("secret-token\n")
                 base = f"http://127.0.0.1:{srv.server_port}"
-                src = ConfigMapPlanSource("job-plan", namespace="ns1", base_url=base, sa_dir=sa, interval=0.05)
+                # A generous HTTP timeout: the stand-in server is a thread of
+                # this process, which a loaded machine may leave waiting.
+                src = ConfigMapPlanSource("job-plan", namespace="ns1", base_url=base, sa_dir=sa, interval=0.05,
+                                          timeout=30.0)
                 self.assertEqual(src.fetch(), '{"generation":4}')
                 self.assertEqual(seen[0], ("/api/v1/namespaces/ns1/configmaps/job-plan", "Bearer secret-token"))
                 src.start()
                 self.assertEqual(src.poll(), '{"generation":4}')
                 self.assertIsNone(src.poll())  # unchanged: reported once
                 body["data"]["plan.json"] = '{"generation":5}'
-                for _ in range(100):
+                # The watch thread fetches every 0.05 s; wait for the change
+                # by a deadline, not a count of polls (a loaded machine may
+                # not run that thread for seconds).
+                deadline = time.monotonic() + 60
+                text = src.poll()
+                while text is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
                     text = src.poll()
-                    if text:
-                        break
-                    threading.Event().wait(0.05)
                 self.assertEqual(text, '{"generation":5}')
                 src.close()
                 missing = ConfigMapPlanSource("absent", namespace="ns1", base_url=base, sa_dir=sa)

@@ -35,15 +35,19 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// A helper thread gathering rows of `x` and `y` (shared, not copied).
-    pub fn start(x: &Tensor, y: &Tensor) -> std::io::Result<Prefetcher> {
+    /// A helper thread gathering rows of `x` and `y` (shared, not copied),
+    /// at idle CPU priority unless `normal_priority` (for a step that waits
+    /// on it: an idle-priority helper may starve on a loaded machine).
+    pub fn start(x: &Tensor, y: &Tensor, normal_priority: bool) -> std::io::Result<Prefetcher> {
         let (x, y) = (x.shallow_clone(), y.shallow_clone());
         let (req_tx, req_rx) = channel::<(u64, Vec<usize>)>();
         let (out_tx, out_rx) = channel::<Gathered>();
         let worker = std::thread::Builder::new()
             .name("ht-prefetch".into())
             .spawn(move || {
-                idle_priority();
+                if !normal_priority {
+                    idle_priority();
+                }
                 let _no_grad = tch::no_grad_guard();
                 for (seq, idx) in req_rx {
                     let (bx, by) = super::gather(&x, &y, &idx, Device::Cpu);
@@ -152,7 +156,7 @@ mod tests {
     #[test]
     fn a_requested_batch_is_the_gathered_rows() {
         let (x, y) = data();
-        let mut p = Prefetcher::start(&x, &y).unwrap();
+        let mut p = Prefetcher::start(&x, &y, true).unwrap();
         p.request(vec![7, 2, 5]);
         let (bx, by) = p.take(&[7, 2, 5], WAIT).expect("the requested batch");
         let (ex, ey) = super::super::gather(&x, &y, &[7, 2, 5], Device::Cpu);
@@ -165,7 +169,7 @@ mod tests {
     #[test]
     fn a_batch_for_other_indices_is_not_handed_out() {
         let (x, y) = data();
-        let mut p = Prefetcher::start(&x, &y).unwrap();
+        let mut p = Prefetcher::start(&x, &y, true).unwrap();
         p.request(vec![1, 2]);
         assert!(p.take(&[1, 3], WAIT).is_none());
         p.request(vec![4]);
@@ -176,7 +180,7 @@ mod tests {
     #[test]
     fn an_abandoned_request_is_skipped() {
         let (x, y) = data();
-        let mut p = Prefetcher::start(&x, &y).unwrap();
+        let mut p = Prefetcher::start(&x, &y, true).unwrap();
         p.request(vec![0]);
         p.request(vec![9]);
         // The answer for [0] comes first and is dropped.
@@ -188,7 +192,7 @@ mod tests {
     #[test]
     fn a_helper_that_falls_behind_gets_no_more_requests_until_it_answers() {
         let (x, y) = data();
-        let mut p = Prefetcher::start(&x, &y).unwrap();
+        let mut p = Prefetcher::start(&x, &y, true).unwrap();
         // Not taken in time (no patience): the step gathers its own.
         for i in 0..5 {
             p.request(vec![i]);
@@ -196,7 +200,12 @@ mod tests {
             assert!(p.outstanding <= MAX_OUTSTANDING, "{}", p.outstanding);
         }
         // Once the helper has answered, requests flow again.
-        std::thread::sleep(Duration::from_millis(200));
+        while p.outstanding > 0 {
+            assert!(
+                p.next_ready(Some(Instant::now() + WAIT)).is_some(),
+                "the helper answers"
+            );
+        }
         p.request(vec![6]);
         let (_, by) = p.take(&[6], WAIT).expect("a batch after the backlog");
         assert_eq!(by.int64_value(&[0]), 6);

@@ -81,7 +81,7 @@ fn start_prefetch(cfg: &TrainerArgs, p: &Parts) -> Option<Prefetcher> {
     if cfg.data.no_prefetch {
         return None;
     }
-    match Prefetcher::start(&p.data.train_x, &p.data.train_y) {
+    match Prefetcher::start(&p.data.train_x, &p.data.train_y, cfg.data.prefetch_wait) {
         Ok(f) => Some(f),
         Err(e) => {
             eprintln!(

@@ -170,7 +170,7 @@ impl Plans {
                 heterotrain_crds::plan::PLAN_KEY
             );
             let mut plan = equal;
-            if let Some(p) = src.wait_first(Duration::from_secs(5)) {
+            if let Some(p) = src.wait_first(Duration::from_secs(cfg.plan.first_plan_wait_secs)) {
                 match gate.consider(p, &plan, ws) {
                     Some(p) => plan = p,
                     None => {

@@ -15,6 +15,10 @@ use crate::optim;
 use crate::shard::Layout;
 
 use super::setup::{broadcast_all, sync_device};
+
+/// How long a step waits for its batch under `--prefetch-wait`: far beyond
+/// any gather, so that only a helper that died misses it.
+const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 use super::Trainer;
 
 /// What forward and backward leave for the rest of the step.
@@ -162,11 +166,14 @@ impl<'a> Trainer<'a> {
         }
 
         let idx = self.sampler.rank_indices(self.pos, &self.plan, rank);
-        // Ready or not at all: never wait on the helper (see Prefetcher).
-        let ahead = self
-            .prefetch
-            .as_mut()
-            .and_then(|f| f.take(&idx, std::time::Duration::ZERO));
+        // Ready or not at all: never wait on the helper (see Prefetcher),
+        // unless asked to (`--prefetch-wait`, for tests of this path).
+        let patience = if self.cfg.data.prefetch_wait {
+            PREFETCH_WAIT
+        } else {
+            std::time::Duration::ZERO
+        };
+        let ahead = self.prefetch.as_mut().and_then(|f| f.take(&idx, patience));
         self.prefetched = ahead.is_some();
         let (x, y) = match ahead {
             Some((x, y)) => (x.to_device(device), y.to_device(device)),
