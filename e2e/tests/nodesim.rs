@@ -71,6 +71,13 @@ async fn runs_pods_like_a_kubelet() {
     let client = bed.client().await.unwrap();
     let sim = &bed.sim;
 
+    // The control plane keeps off the components' fixed default ports
+    // (kube-scheduler's 10251, kube-controller-manager's 10252), so that
+    // clusters of test binaries running at once do not collide.
+    for port in [10251, 10252] {
+        heterotrain_e2e::ports::ensure_free(port).unwrap_or_else(|e| panic!("{e}"));
+    }
+
     // Nodes are registered, Ready, labelled and untainted.
     let node_api: Api<Node> = Api::all(client.clone());
     let slow = node_api.get("slow").await.unwrap();

@@ -53,6 +53,12 @@ pub(super) fn log_tail(dir: &Path, name: &str) -> String {
 }
 
 impl LocalCluster {
+    /// The last lines of a component's log (`kube-scheduler`, …), for a
+    /// failing test's dump.
+    pub fn component_log_tail(&self, name: &str) -> String {
+        log_tail(&self.state_dir, name)
+    }
+
     fn spawn(&self, name: &'static str, bin: &str, args: Vec<String>) -> Result<()> {
         let path = find_binary(bin).ok_or_else(|| anyhow!("{bin} not found; run `make setup`"))?;
         let log = log_file(&self.state_dir, name)?;
@@ -134,6 +140,12 @@ impl LocalCluster {
     pub(super) fn spawn_scheduler(&self) -> Result<()> {
         let kc = self.kubeconfig_path().display().to_string();
         let config = self.state_dir.join("scheduler.yaml");
+        let plain = crate::ports::free_ports(1).context("a port for kube-scheduler's /healthz")?[0];
+        // With a configuration file, kube-scheduler 1.20 serves plain HTTP
+        // on 0.0.0.0:10251 unless told otherwise (`--port=0` is ignored):
+        // a second cluster's scheduler on this machine (test binaries run in
+        // parallel) could not bind it and exited, leaving its pods Pending.
+        // A free port of its own instead (the configuration refuses 0).
         std::fs::write(
             &config,
             format!(
@@ -141,6 +153,8 @@ impl LocalCluster {
                  kind: KubeSchedulerConfiguration\n\
                  clientConnection: {{kubeconfig: {kc:?}}}\n\
                  leaderElection: {{leaderElect: false}}\n\
+                 healthzBindAddress: \"127.0.0.1:{plain}\"\n\
+                 metricsBindAddress: \"127.0.0.1:{plain}\"\n\
                  profiles:\n\
                  - schedulerName: default-scheduler\n\
                  - schedulerName: {GANG_SCHEDULER_STAND_IN}\n"

@@ -202,10 +202,17 @@ impl LocalCluster {
         let made = crate::wait::eventually(what, timeout, POLL, || async move {
             let found = matches!(sas.get_opt("default").await, Ok(Some(_)));
             self.component_alive("kube-controller-manager")?;
+            self.component_alive("kube-scheduler")?;
             Ok(found.then_some(()))
         })
         .await;
-        made.map_err(|e| e.context(log_tail(&self.state_dir, "kube-controller-manager")))
+        made.map_err(|e| {
+            e.context(format!(
+                "{}\n--- kube-scheduler ---\n{}",
+                log_tail(&self.state_dir, "kube-controller-manager"),
+                log_tail(&self.state_dir, "kube-scheduler")
+            ))
+        })
     }
 
     /// Stop the API server, wait `down`, start it again and wait until ready.

@@ -24,7 +24,11 @@ pub async fn dump(system: &System, ns: &str) -> String {
             serde_json::to_string(&j.status).unwrap_or_default()
         );
     }
-    for p in list::<Pod>(&client, ns).await {
+    let pods = list::<Pod>(&client, ns).await;
+    let unscheduled = pods
+        .iter()
+        .any(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()));
+    for p in pods {
         let name = p.metadata.name.clone().unwrap_or_default();
         let st = p.status.as_ref();
         out += &format!(
@@ -44,6 +48,10 @@ pub async fn dump(system: &System, ns: &str) -> String {
             e.regarding.and_then(|r| r.name),
             e.note
         );
+    }
+    if unscheduled {
+        out += "kube-scheduler log (tail; a pod has no node):\n";
+        out += &tail(&system.cluster.component_log_tail("kube-scheduler"), 15);
     }
     let log = system.operator_log();
     out += "operator log (tail):\n";
