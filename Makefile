@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 ENV := source $(HETEROTRAIN_CACHE)/env.sh &&
 CARGO := $(ENV) cargo
 
-.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer clean-cache install-plugin plugin-krew images
+.PHONY: help setup test chaos fuzz lint fmt crds demo demo-down build bench bench-balancer bench-trainer wheel clean-cache install-plugin plugin-krew images
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -30,6 +30,11 @@ lint: setup ## cargo fmt --check and clippy -D warnings
 
 test: setup ## formatting, lints and every test (unit, real API server, real c10d, the Python library), in parallel lanes; prints the slowest
 	@bash e2e/scripts/test.sh
+
+WHEEL_DIR ?= $(CARGO_TARGET_DIR)/wheels
+
+wheel: setup ## build the Python library's wheel (heterotrain-<version>-py3-none-any.whl) into $(WHEEL_DIR)
+	@bash trainer-image/python/build-wheel.sh "$(HETEROTRAIN_CACHE)/venv/bin/python" "$(WHEEL_DIR)"
 
 CHAOS_KILLS ?= 20
 

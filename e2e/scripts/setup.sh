@@ -53,13 +53,16 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.sp
 else
   step "torch $TORCH_VERSION venv present"
 fi
-# prometheus_client for the Python library (trainer-image/python): added to
-# venvs made before it was needed.
-if ! "$VENV/bin/python" -c "import prometheus_client" >/dev/null 2>&1; then
-  step "adding prometheus_client to the venv (Python library)"
-  "$VENV/bin/pip" install -q prometheus_client >>"$LOG" 2>&1 || fail "pip install prometheus_client into $VENV"
+# The Python library's (trainer-image/python) dependency, what packages it
+# (`make wheel`) and the framework its tests integrate with (Lightning, pinned
+# to a version tested here): added to venvs made before they were needed.
+LIGHTNING_VERSION=2.6.6
+if ! "$VENV/bin/python" -c "import prometheus_client, wheel, lightning, sys; sys.exit(lightning.__version__ != '$LIGHTNING_VERSION')" >/dev/null 2>&1; then
+  step "adding prometheus_client, wheel and lightning==$LIGHTNING_VERSION to the venv (Python library)"
+  "$VENV/bin/pip" install -q prometheus_client wheel "lightning==$LIGHTNING_VERSION" >>"$LOG" 2>&1 \
+    || fail "pip install prometheus_client wheel lightning==$LIGHTNING_VERSION into $VENV"
 else
-  step "prometheus_client present in the venv"
+  step "prometheus_client, wheel and lightning present in the venv"
 fi
 
 # 2b. CUDA headers the optional NCCL build needs (`--features nccl`): the torch

@@ -129,17 +129,19 @@ fn check_image(path: &str, binary: &str) -> Dockerfile {
         Some(package),
         "{path}: --bin {bin} is a bin target of package {package} in this workspace ({bins:?})"
     );
-    // The runtime stage copies that binary from the builder and runs it.
+    // The runtime stage copies that binary from the builder and runs it
+    // (besides the Python library's wheels, which pip installs).
     let fin = d.final_stage();
     let copies: Vec<String> = fin
         .lines()
         .filter_map(|l| l.trim().strip_prefix("COPY --from=builder "))
+        .filter(|c| !c.starts_with("/out/wheels "))
         .map(str::to_string)
         .collect();
     assert_eq!(
         copies.len(),
         1,
-        "{path}: the runtime stage copies one file: {copies:?}"
+        "{path}: the runtime stage copies one binary: {copies:?}"
     );
     let parts: Vec<&str> = copies[0].split_whitespace().collect();
     let base = |p: &str| p.rsplit('/').next().unwrap_or("").to_string();
@@ -212,6 +214,13 @@ fn trainer_dockerfile_builds_the_trainer_against_pytorch_2_11() {
         fin.contains("ENV LD_LIBRARY_PATH="),
         "libtorch on the loader path"
     );
+    // The Python library for jobs' own scripts: built as a wheel
+    // in the builder, installed in the runtime stage.
+    assert!(d
+        .text
+        .contains("pip wheel --no-cache-dir --no-deps --no-build-isolation /tmp/heterotrain-py -w /out/wheels"));
+    assert!(fin.contains("COPY --from=builder /out/wheels /tmp/wheels"));
+    assert!(fin.contains("pip install --no-cache-dir /tmp/wheels/heterotrain-*.whl"));
 }
 
 #[test]

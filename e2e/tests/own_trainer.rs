@@ -41,14 +41,22 @@ fn python() -> String {
 }
 
 /// Rank 0 on `fast`, rank 1 on `slow`, running the example script.
+///
+/// The simulated nodes share this machine's network namespace, and
+/// PyTorch's TCPStore (rank 0's rendezvous) listens on every address: on
+/// the default port it would collide with any other trainer of a cluster
+/// running beside this one. A port claimed for this process avoids that
+/// (in a real cluster each pod has its own network namespace).
 fn job(name: &str, policy: &str, steps: u32) -> String {
     let script = repo().join("examples/own-model/train.py");
     let script = script.canonicalize().unwrap_or(script);
+    let master_port = heterotrain_e2e::ports::free_ports(1).expect("a free port")[0];
     format!(
         r#"apiVersion: heterotrain.dev/v1alpha1
 kind: HeteroTrainingJob
 metadata: {{name: {name}}}
 spec:
+  masterPort: {master_port}
   command: ["{python}", "{script}"]
   args: ["--steps", "{steps}", "--width", "4", "--threads", "1", "--log-every", "100"]
   workers:

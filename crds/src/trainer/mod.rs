@@ -65,6 +65,14 @@ pub mod env {
     pub const BALANCER: &str = "HT_BALANCER";
     pub const POLICY: &str = "HT_POLICY";
     pub const METRICS_PORT: &str = "HT_METRICS_PORT";
+    /// A job's own command (`command`) gets the training fields that mean
+    /// something to any script, so the length of a run is written once:
+    /// `training.maxSteps`, `training.epochs`, `training.seed`, and where and
+    /// how often to checkpoint (`checkpoint.path`, `checkpoint.everySteps`).
+    pub const MAX_STEPS: &str = "HT_MAX_STEPS";
+    pub const EPOCHS: &str = "HT_EPOCHS";
+    pub const SEED: &str = "HT_SEED";
+    pub const CHECKPOINT_EVERY: &str = "HT_CHECKPOINT_EVERY";
     /// `--step-sleep-ms`: a pause after every step (tests and demos that
     /// need a job to last a known least time, whatever the machine's speed).
     pub const STEP_SLEEP_MS: &str = "HT_STEP_SLEEP_MS";

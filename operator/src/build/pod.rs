@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use heterotrain_crds::labels;
 use heterotrain_crds::trainer::env as envs;
+use heterotrain_crds::{HeteroTrainingJobSpec, WorkerGroup};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
@@ -73,6 +74,29 @@ fn claim(name: &str, claim: &str, read_only: bool) -> Volume {
     }
 }
 
+/// The training fields a job's own script reads from the environment (the
+/// `heterotrain` Python library does), so the length of a run, its seed and
+/// its checkpoints are written once, in the spec.
+fn script_env(spec: &HeteroTrainingJobSpec, g: &WorkerGroup) -> Vec<EnvVar> {
+    let t = &spec.training;
+    let mut vars = vec![env(envs::SEED, t.seed.to_string())];
+    if let Some(n) = t.max_steps {
+        vars.push(env(envs::MAX_STEPS, n.to_string()));
+    }
+    if let Some(n) = t.epochs {
+        vars.push(env(envs::EPOCHS, n.to_string()));
+    }
+    vars.push(env(envs::CHECKPOINT_DIR, spec.checkpoint.path.clone()));
+    vars.push(env(
+        envs::CHECKPOINT_EVERY,
+        spec.checkpoint.every_steps.to_string(),
+    ));
+    if let Some(n) = g.threads {
+        vars.push(env("OMP_NUM_THREADS", n.to_string()));
+    }
+    vars
+}
+
 /// Pod of global `rank`, which belongs to `spec.workers[group]`.
 pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> Result<Pod> {
     let spec = v.spec();
@@ -108,6 +132,9 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         env("HOME", names::SCRATCH_DIR),
         env("TMPDIR", names::SCRATCH_DIR),
     ];
+    if spec.custom_command(g).is_some() {
+        env_vars.extend(script_env(spec, g));
+    }
     env_vars.extend(g.env.iter().cloned());
 
     let mut volumes = vec![empty_dir("scratch")];

@@ -725,10 +725,31 @@ fn own_command_replaces_the_trainer_and_keeps_the_contract() {
             Some(job.spec.training.global_batch_size.to_string())
         );
         assert_eq!(env_value(pod, "HT_METRICS_PORT"), Some("9400".into()));
+        // The training fields a script reads (the Python library does).
+        let t = &job.spec.training;
+        assert_eq!(env_value(pod, "HT_SEED"), Some(t.seed.to_string()));
+        assert_eq!(
+            env_value(pod, "HT_MAX_STEPS"),
+            t.max_steps.map(|n| n.to_string())
+        );
+        assert_eq!(env_value(pod, "HT_EPOCHS"), t.epochs.map(|n| n.to_string()));
+        assert_eq!(
+            env_value(pod, "HT_CHECKPOINT_DIR"),
+            Some(job.spec.checkpoint.path.clone())
+        );
+        assert_eq!(
+            env_value(pod, "HT_CHECKPOINT_EVERY"),
+            Some(job.spec.checkpoint.every_steps.to_string())
+        );
     }
-    // Without a command: the built-in trainer.
+    assert!(
+        job.spec.training.max_steps.is_some() || job.spec.training.epochs.is_some(),
+        "the fixture names the run's length"
+    );
+    // Without a command: the built-in trainer, whose flags carry them.
     let plain = fixture("mixed.yaml");
     let d = desired(&valid(&plain), &inputs(0)).expect("build");
+    assert_eq!(env_value(&d.pods[0], "HT_SEED"), None);
     let c0 = &d.pods[0].spec.as_ref().expect("spec").containers[0];
     assert_eq!(c0.command, Some(vec!["heterotrain-trainer".into()]));
     assert_eq!(c0.args.as_ref().map(|a| a[0].as_str()), Some("train"));

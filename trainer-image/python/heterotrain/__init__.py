@@ -6,7 +6,8 @@ ConfigMap or a plan file and changes while training runs, every rank
 switching at the same step. See README.md.
 """
 
-from .core import HeteroTrain, fetch
+from .core import HeteroTrain, fetch, load_checkpoint
+from .loader import HeteroBatchSampler
 from .hook import HeteroHookState, hetero_allreduce_hook
 from .metrics import TrainerMetrics
 from .plan import BatchPlan, PlanError, PlanGate
@@ -16,9 +17,9 @@ from .sources import ConfigMapPlanSource, FilePlanSource
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "HeteroTrain", "BatchPlan", "PlanError", "PlanGate", "HeteroSampler",
+    "init", "HeteroTrain", "HeteroBatchSampler", "BatchPlan", "PlanError", "PlanGate", "HeteroSampler",
     "HeteroHookState", "hetero_allreduce_hook", "TrainerMetrics", "FilePlanSource",
-    "ConfigMapPlanSource", "epoch_order", "steps_per_epoch", "fetch",
+    "ConfigMapPlanSource", "epoch_order", "steps_per_epoch", "fetch", "load_checkpoint",
 ]
 
 

@@ -9,6 +9,15 @@ Every rank decodes the same word, so all switch plans — and stop — before
 the same step. The word is a few dozen bytes; the cost is one small-message
 latency per step, which the gradient all-reduce has already paid to line
 the ranks up.
+
+Lookahead. A ``DataLoader`` with worker processes asks its batch sampler
+for the indices of later steps before they are trained (``num_workers *
+prefetch_factor`` batches ahead). So a plan agreed at the start of step s
+comes into force at step ``s + L``, where the lookahead L is one more than
+the deepest prefetch of any rank (agreed once, as a MAX over the ranks);
+the plans of steps up to ``s + L`` are then fixed and every index list the
+sampler hands out is final. ``batches()`` fetches in the training loop
+itself and uses L = 0: a plan agreed at step s is in force from step s.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch.distributed as dist
 from . import env
 from .hook import HeteroHookState, register
 from .metrics import TrainerMetrics
-from .plan import BatchPlan, PlanGate
+from .plan import BatchPlan, PlanError, PlanGate
 from .sampler import HeteroSampler
 from .sources import ConfigMapPlanSource, FilePlanSource
 
@@ -43,7 +52,7 @@ class HeteroTrain:
         dataset_size: Optional[int] = None,
         total_steps: Optional[int] = None,
         epochs: Optional[int] = None,
-        seed: int = 0,
+        seed: Optional[int] = None,
         shuffle: bool = True,
         plan_file: Optional[str] = None,
         plan_configmap: Optional[str] = None,
@@ -66,7 +75,13 @@ class HeteroTrain:
         if global_batch_size < self.world_size:
             raise ValueError(f"heterotrain: global batch {global_batch_size} < WORLD_SIZE {self.world_size}")
         self.global_batch_size = global_batch_size
-        self.seed = seed
+        if total_steps is None:
+            total_steps = _env_int(env.MAX_STEPS)
+        if epochs is None:
+            epochs = _env_int(env.EPOCHS)
+        if seed is None:
+            seed = _env_int(env.SEED)
+        self.seed = seed or 0
         self.shuffle = shuffle
         self._total_steps = total_steps
         self._epochs = epochs
@@ -79,7 +94,21 @@ class HeteroTrain:
 
         self.metrics = TrainerMetrics()
         self.metrics.set_device(device if device is not None else torch.device("cpu"))
+        #: The plan in force at the current step.
         self.plan = BatchPlan.equal(0, global_batch_size, self.world_size)
+        #: Agreed plans, ``(first step, plan)`` in step order; the last one is
+        #: the newest, in force from its step on.
+        self._schedule: List[Tuple[int, BatchPlan]] = [(1, self.plan)]
+        #: The last step whose plan is agreed (fixed for good).
+        self._horizon = 0
+        #: Plans come into force this many steps after the step that agreed
+        #: them (see the module docstring); agreed over the ranks at the start.
+        self._lookahead_local = 0
+        self.lookahead = 0
+        self._started = False
+        #: The next step whose indices the batch sampler hands out.
+        self._next_fetch = 1
+        self._hook_attached = False
         self.hook_state = HeteroHookState(weight=self.local_batch / global_batch_size)
         self.metrics.set_plan(self.plan.generation, self.local_batch)
         self.metrics.set_position(0, 0, self._total_steps or 0)
@@ -156,12 +185,18 @@ class HeteroTrain:
 
     # -- the step boundary ---------------------------------------------------
 
-    def _agree(self) -> bool:
-        """Poll (rank 0) and agree on plan and stop; returns whether to stop."""
+    @property
+    def _latest(self) -> BatchPlan:
+        return self._schedule[-1][1]
+
+    def _agree(self, from_step: int) -> bool:
+        """Poll (rank 0) and agree with every rank on stopping and on the plan
+        in force from step ``from_step``; returns whether to stop."""
+        latest = self._latest
         if self.source is not None:
             text = self.source.poll()
             if text is not None:
-                p = self.gate.consider(text, self.plan, self.world_size)
+                p = self.gate.consider(text, latest, self.world_size)
                 if p is not None:
                     self._proposed = p
         proposed = self._proposed
@@ -174,22 +209,69 @@ class HeteroTrain:
         dist.all_reduce(word, op=dist.ReduceOp.SUM, group=self._control_group)
         w = word.tolist()
         gen, sizes = w[1], w[3:]
-        if gen != self.plan.generation or sizes != self.plan.batch_sizes:
+        if gen != latest.generation or sizes != latest.batch_sizes:
             if self.rank == 0:
                 new = proposed
             else:
                 new = BatchPlan(generation=gen, global_batch_size=w[2], batch_sizes=sizes,
                                 policy="agreed", reason="from rank 0")
-            old = self.plan
+            self._schedule = [(f, p) for f, p in self._schedule if f < from_step] + [(from_step, new)]
+            if self.rank == 0:
+                when = f"from step {from_step}"
+                if from_step > self.step + 1:
+                    when += f" (agreed before step {self.step + 1}; lookahead {self.lookahead})"
+                print(f"heterotrain: plan generation {latest.generation} -> {new.generation} "
+                      f"{new.batch_sizes} {when}"
+                      + (f" ({new.policy}: {new.reason})" if new.policy or new.reason else ""),
+                      file=sys.stderr, flush=True)
+        self._horizon = max(self._horizon, from_step)
+        return w[0] > 0
+
+    def _start(self) -> None:
+        """Once, before the first batch is fetched: agree on the lookahead
+        (MAX over the ranks) and on the plan of the first steps."""
+        if self._started:
+            return
+        self._started = True
+        la = torch.tensor([self._lookahead_local], dtype=torch.int64)
+        dist.all_reduce(la, op=dist.ReduceOp.MAX, group=self._control_group)
+        self.lookahead = int(la.item())
+        first = self.step + 1
+        self._schedule = [(first, self._latest)]
+        if self._agree(first):
+            self._stop_requested.set()
+        # The plans of steps first .. first + L - 1 are now fixed; step s's
+        # agreement fixes step s + L.
+        self._horizon = first + max(self.lookahead, 1) - 1
+
+    def plan_for(self, step: int) -> BatchPlan:
+        """The plan in force at ``step``; it must be agreed already (at most
+        ``lookahead`` steps after the current one)."""
+        if step > self._horizon:
+            raise RuntimeError(
+                f"heterotrain: the indices of step {step} were asked for before its plan was agreed "
+                f"(agreed up to step {self._horizon}, lookahead {self.lookahead}): the DataLoader "
+                f"prefetches deeper than the lookahead; iterate with ht.steps(loader), or give "
+                f"batch_sampler(..., lookahead=) at least num_workers * prefetch_factor + 1")
+        for first, p in reversed(self._schedule):
+            if first <= step:
+                return p
+        return self._schedule[0][1]
+
+    def _enter(self, step: int) -> None:
+        """Make the plan in force at ``step`` the current one."""
+        new = self.plan_for(step)
+        self._schedule = [(f, p) for i, (f, p) in enumerate(self._schedule)
+                          if i + 1 == len(self._schedule) or self._schedule[i + 1][0] > step]
+        if new is not self.plan:
             self.plan = new
             self.hook_state.weight = self.local_batch / self.global_batch_size
             self.metrics.set_plan(new.generation, self.local_batch)
-            if self.rank == 0:
-                print(f"heterotrain: plan generation {old.generation} -> {new.generation} "
-                      f"{new.batch_sizes} from step {self.step + 1}"
-                      + (f" ({new.policy}: {new.reason})" if new.policy or new.reason else ""),
-                      file=sys.stderr, flush=True)
-        return w[0] > 0
+            if self.left_out:
+                _warn_once(self, "left-out",
+                           f"heterotrain: rank {self.rank}: the plan leaves this rank out from step {step}; "
+                           "it trains a one-sample stand-in weighted 0 (forward and backward still run, "
+                           "the gradient exchange carries zeros)")
 
     def begin_step(self) -> Optional[int]:
         """Start the next step: agree on the plan and on stopping with every
@@ -200,12 +282,15 @@ class HeteroTrain:
         if self._total_steps is not None and self.step >= self._total_steps:
             return None
         self._t_start = time.perf_counter()
-        stop = self._agree()
+        self._start()
+        s = self.step + 1
+        stop = self._agree(s + self.lookahead)
         self._control_seconds = time.perf_counter() - self._t_start
         if stop:
             self.stopped = True
             return None
-        self.current_step = self.step + 1
+        self._enter(s)
+        self.current_step = s
         self._phases = {}
         self._data_seconds = 0.0
         self.hook_state.reset()
@@ -220,7 +305,7 @@ class HeteroTrain:
         if self.sampler is None:
             raise RuntimeError("heterotrain: no dataset size given (init(dataset_size=...) or batches(dataset))")
         s = step if step is not None else (self.current_step or self.step + 1)
-        return self.sampler.rank_indices(s, self.plan, self.rank)
+        return self.sampler.rank_indices(s, self.plan_for(s), self.rank)
 
     def global_indices(self, step: int) -> List[int]:
         """All B sample indices of ``step`` (the one-process batch)."""
@@ -290,7 +375,156 @@ class HeteroTrain:
     def attach(self, ddp_model):
         """Install the b_r/B-weighted SUM hook on a DDP model; returns it."""
         register(ddp_model, self.hook_state)
+        self._hook_attached = True
         return ddp_model
+
+    @property
+    def loss_weight(self) -> float:
+        """``W * b_r / B``: the factor that turns this rank's mean loss into
+        its share of the global-batch loss when gradients are *averaged*
+        over the W ranks (DDP without ``attach()``, FSDP, Accelerate,
+        Lightning). 0 for a rank the plan leaves out."""
+        return self.world_size * self.local_batch / self.global_batch_size
+
+    def scale(self, loss):
+        """``loss * loss_weight``: call on this rank's mean loss before
+        ``backward()`` when the framework averages gradients over the ranks;
+        the averaged gradient is then exactly the global batch's. Not with
+        ``attach()``, whose hook weights the gradients already."""
+        if self._hook_attached:
+            raise RuntimeError("heterotrain: scale() with attach(): the communication hook already weights "
+                               "each rank's gradient by b_r/B; use one or the other")
+        if self.current_step is None:
+            raise RuntimeError("heterotrain: scale() outside a step: call it inside the training loop")
+        return loss * self.loss_weight
+
+    # -- the DataLoader ------------------------------------------------------
+
+    def batch_sampler(self, dataset, lookahead: Optional[int] = None) -> "HeteroBatchSampler":
+        """A batch sampler for the script's own ``DataLoader``:
+        ``DataLoader(dataset, batch_sampler=ht.batch_sampler(dataset),
+        num_workers=..., pin_memory=..., collate_fn=...)``. Each iteration
+        runs over the rest of the current epoch and yields, step by step,
+        this rank's slice of the global batch under the plan in force at that
+        step. ``dataset`` is a map-style dataset or its length.
+
+        ``lookahead``: how many steps ahead a plan is agreed; at least the
+        DataLoader's prefetch depth plus one (``num_workers *
+        prefetch_factor + 1``). ``ht.steps(loader)`` sets it from the loader;
+        without it the default is 9 (up to 4 workers at prefetch_factor 2)."""
+        from .loader import HeteroBatchSampler, dataset_length
+
+        n = dataset_length(dataset)
+        if self.sampler is None:
+            self._make_sampler(n)
+        elif self.sampler.n != n:
+            raise ValueError(f"heterotrain: dataset has {n} samples, the sampler {self.sampler.n}")
+        if lookahead is not None:
+            self._set_lookahead(lookahead)
+        elif self._lookahead_local == 0:
+            self._set_lookahead(9)
+        return HeteroBatchSampler(self)
+
+    def _set_lookahead(self, lookahead: int) -> None:
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+            raise ValueError(f"heterotrain: lookahead must be an integer >= 1, got {lookahead!r}")
+        if self._started and lookahead > self.lookahead:
+            raise RuntimeError(f"heterotrain: lookahead {lookahead} asked for after the run started with "
+                               f"{self.lookahead}: create the sampler and call steps(loader) before training")
+        if not self._started:
+            self._lookahead_local = lookahead
+
+    def steps(self, loader) -> Iterator[Tuple[int, Any]]:
+        """Yield ``(step, batch)`` from a ``DataLoader`` built on
+        ``ht.batch_sampler()``, epoch after epoch, until the last step or a
+        stop; agrees plan and stop with every rank before each step and
+        closes the step the loop body left open. Sets the lookahead from the
+        loader's ``num_workers`` and ``prefetch_factor``."""
+        from .loader import HeteroBatchSampler, prefetch_depth
+
+        bs = getattr(loader, "batch_sampler", None)
+        if not isinstance(bs, HeteroBatchSampler) or bs.ht is not self:
+            raise TypeError("heterotrain: steps(loader) needs DataLoader(dataset, batch_sampler=ht.batch_sampler(dataset), ...)")
+        if not self._started:
+            self._lookahead_local = prefetch_depth(loader) + 1
+        self._start()
+        while True:
+            last = self.current_step or self.step
+            if self._total_steps is not None and last >= self._total_steps:
+                self.step_done()
+                return
+            yielded = False
+            for batch in loader:
+                step = self.begin_step()
+                if step is None:
+                    return
+                yielded = True
+                yield step, batch
+            if not yielded:
+                raise RuntimeError("heterotrain: the DataLoader yielded no batch for a whole epoch")
+
+    # -- resuming ------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the run stands, for the script's checkpoint (next to the
+        model's and the optimizer's state). Inside a step (after
+        ``optimizer.step()``) the current step counts as done."""
+        step = self.current_step if self.current_step is not None else self.step
+        latest = self._latest
+        return {
+            "version": 1,
+            "step": step,
+            "global_batch_size": self.global_batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "dataset_size": self.sampler.n if self.sampler is not None else None,
+            "plan": {"generation": latest.generation, "batch_sizes": list(latest.batch_sizes),
+                     "policy": latest.policy, "reason": latest.reason},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue a run from ``state_dict()``'s output: the next step is the
+        one after the saved step, with the same sample order. Call it on every
+        rank before the first step; a different global batch, seed, shuffle
+        or dataset size is refused (the sample order would change)."""
+        if self._started or self.current_step is not None:
+            raise RuntimeError("heterotrain: load_state_dict() after training started: call it before the first step")
+        if not isinstance(state, dict) or state.get("version") != 1:
+            raise ValueError("heterotrain: not a heterotrain state (version 1 expected)")
+        for key, mine in (("global_batch_size", self.global_batch_size), ("seed", self.seed),
+                          ("shuffle", self.shuffle)):
+            if state.get(key) != mine:
+                raise ValueError(f"heterotrain: the checkpoint was written with {key} = {state.get(key)!r}, "
+                                 f"this run has {mine!r}; the sample order would differ")
+        saved_n = state.get("dataset_size")
+        if saved_n is not None and self.sampler is not None and saved_n != self.sampler.n:
+            raise ValueError(f"heterotrain: the checkpoint was written with a dataset of {saved_n} samples, "
+                             f"this run has {self.sampler.n}")
+        if saved_n is not None and self.sampler is None:
+            self._make_sampler(saved_n)
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"heterotrain: the checkpoint's step {step!r} is not a step number")
+        p = state.get("plan") or {}
+        sizes = p.get("batch_sizes")
+        gen = int(p.get("generation", 0))
+        plan = BatchPlan(generation=gen, global_batch_size=self.global_batch_size,
+                         batch_sizes=list(sizes or []), policy=p.get("policy", ""), reason=p.get("reason", ""))
+        try:
+            plan.validate_for(self.world_size, self.global_batch_size)
+            self.gate.current_is_default = False
+        except PlanError as e:
+            print(f"warning: heterotrain: the checkpoint's plan does not fit this run ({e}); "
+                  f"starting on the equal split", file=sys.stderr, flush=True)
+            plan = BatchPlan.equal(gen, self.global_batch_size, self.world_size)
+        self.step = step
+        self._next_fetch = step + 1
+        self.plan = plan
+        self._proposed = plan
+        self._schedule = [(step + 1, plan)]
+        self.hook_state.weight = self.local_batch / self.global_batch_size
+        self.metrics.set_plan(plan.generation, self.local_batch)
+        self.metrics.set_position(step, self.epoch if self.sampler else 0, self._total_steps or 0)
 
     # -- the end -------------------------------------------------------------
 
@@ -317,6 +551,40 @@ class HeteroTrain:
     def close(self) -> None:
         self.finish()
         self.metrics.close()
+
+
+def load_checkpoint(path: str, map_location="cpu"):
+    """Rank 0 reads the checkpoint at ``path`` and every rank gets its
+    contents (None on every rank when rank 0 has none). Under the operator
+    only rank 0 mounts the checkpoint storage; this gives the other ranks
+    the same model, optimizer and heterotrain state, so the gang resumes
+    as one. Call it on every rank, after the process group is up."""
+    box = [None]
+    if dist.get_rank() == 0 and os.path.exists(path):
+        box[0] = torch.load(path, map_location=map_location)
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _env_int(name: str) -> Optional[int]:
+    """A non-negative integer from the environment, or None when unset."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"heterotrain: ${name} is {text!r}, not an integer") from None
+    if value < 0:
+        raise ValueError(f"heterotrain: ${name} is {value}, not a non-negative integer")
+    return value
+
+
+def _warn_once(ht, key: str, message: str) -> None:
+    seen = ht.__dict__.setdefault("_warned", set())
+    if key not in seen:
+        seen.add(key)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _note_stop(step: int, path: str = "/dev/termination-log") -> None:

@@ -22,6 +22,15 @@ METRICS_PORT = "HT_METRICS_PORT"
 #: Global batch size B (a user may set it instead of an argument).
 BATCH_SIZE = "HT_BATCH_SIZE"
 
+#: The job's training fields, set by the operator for a job's own command:
+#: the defaults of ``init(total_steps=, epochs=, seed=)``, and where and how
+#: often the script should checkpoint.
+MAX_STEPS = "HT_MAX_STEPS"
+EPOCHS = "HT_EPOCHS"
+SEED = "HT_SEED"
+CHECKPOINT_DIR = "HT_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "HT_CHECKPOINT_EVERY"
+
 #: Default metrics port, as the Rust trainer's.
 DEFAULT_METRICS_PORT = 9400
 

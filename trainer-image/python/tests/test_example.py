@@ -1,5 +1,7 @@
-"""examples/own-model/train.py as 2 real Gloo ranks: SIGTERM to one rank
-stops both at the same step, and both exit 0."""
+"""examples/own-model/train.py as 2 real Gloo ranks with their own
+DataLoader: SIGTERM to one rank stops both at the same step, and both exit
+0; a rank SIGKILLed mid-run, the gang started again continues from the
+newest checkpoint's step to the end."""
 
 import os
 import re
@@ -8,6 +10,8 @@ import sys
 import tempfile
 import time
 import unittest
+
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO_ROOT, launch_ranks, read, wait_all  # noqa: E402
@@ -40,6 +44,39 @@ class ExampleSigtermTest(unittest.TestCase):
             self.assertTrue(all(stops), "\n".join(x[-2000:] for x in logs))
             self.assertEqual(stops[0].group(1), stops[1].group(1))
             self.assertGreaterEqual(int(stops[0].group(1)), 10)
+
+
+    def test_a_killed_gang_resumes_from_its_checkpoint(self):
+        with tempfile.TemporaryDirectory(prefix="ht-example-ckpt-") as out:
+            ckpt_dir = os.path.join(out, "ckpt")
+            argv = [EXAMPLE, "--steps", "60", "--batch-size", "48", "--samples", "960", "--log-every", "1",
+                    "--checkpoint-dir", ckpt_dir, "--checkpoint-every", "10"]
+            first = os.path.join(out, "first")
+            os.makedirs(first)
+            procs = launch_ranks(argv, 2, first, HT_METRICS_PORT=0)
+            log0 = os.path.join(first, "rank0.log")
+            deadline = time.time() + 120
+            while time.time() < deadline and "step 25/" not in read(log0):
+                if any(p.poll() is not None for p, _ in procs):
+                    break
+                time.sleep(0.2)
+            self.assertIn("step 25/", read(log0), "the example did not get going")
+            procs[1][0].kill()
+            for p, _ in procs:
+                p.kill()
+            wait_all(procs, timeout=60)
+            saved = torch.load(os.path.join(ckpt_dir, "latest.pt"))["heterotrain"]["step"]
+            self.assertGreaterEqual(saved, 20)
+            self.assertEqual(saved % 10, 0)
+            procs = launch_ranks(argv, 2, out, HT_METRICS_PORT=0)
+            codes = wait_all(procs, timeout=180)
+            logs = [read(os.path.join(out, f"rank{r}.log")) for r in range(2)]
+            self.assertEqual(codes, [0, 0], "\n".join(x[-2000:] for x in logs))
+            for r in range(2):
+                self.assertIn(f"rank {r}: resumed from {ckpt_dir}/latest.pt after step {saved}", logs[r])
+            steps = [int(m) for m in re.findall(r"^step (\d+)/60", logs[0], re.M)]
+            self.assertEqual(steps, list(range(saved + 1, 61)), "the second run trains the steps after the checkpoint")
+            self.assertEqual(torch.load(os.path.join(ckpt_dir, "latest.pt"))["heterotrain"]["step"], 60)
 
 
 if __name__ == "__main__":
