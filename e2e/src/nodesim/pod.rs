@@ -255,7 +255,23 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
             cmd.pre_exec(move || join_from_child(&procs));
         }
     }
-    let mut child = spawn_tied(cmd).with_context(|| format!("starting {}", program.display()))?;
+    // A program under a path the pod mounts a volume over (a build in
+    // /tmp, where the operator's chart mounts an emptyDir) is not there
+    // inside the pod: say so rather than only "No such file".
+    let hidden_by = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .find(|m| program.starts_with(m));
+    let mut child = spawn_tied(cmd).with_context(|| match &hidden_by {
+        Some(m) => format!(
+            "starting {}: the pod mounts a volume at {m}, which hides it inside the pod; \
+             keep the build (CARGO_TARGET_DIR) outside the pod's mount paths",
+            program.display()
+        ),
+        None => format!("starting {}", program.display()),
+    })?;
     let pid = child.id();
     if let Ok(mut p) = running.pid.lock() {
         *p = Some(pid);
