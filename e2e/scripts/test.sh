@@ -24,7 +24,7 @@ stamp() { printf '%dm%02ds' $(( ($(date +%s) - T0) / 60 )) $(( ($(date +%s) - T0
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "==> building the test binaries (cargo test --no-run; a fresh clone: about 10 minutes on 2 cores)"
+echo "==> building the test binaries (cargo test --no-run; a fresh clone: about 5 minutes on 2 cores)"
 # shellcheck disable=SC2086
 cargo test ${TEST_ARGS:---workspace} --no-run --message-format=json-render-diagnostics >"$RESULTS/test-build.json"
 echo "==> built in $(stamp)"
