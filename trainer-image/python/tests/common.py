@@ -57,6 +57,16 @@ def wait_all(procs, timeout=150):
     return codes
 
 
+def max_param_diff(out) -> float:
+    """Largest |hetero - reference| over the parameters both runs saved in ``out``."""
+    import torch
+
+    a = torch.load(os.path.join(out, "hetero.pt"))
+    b = torch.load(os.path.join(out, "reference.pt"))
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
 def read(path) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()

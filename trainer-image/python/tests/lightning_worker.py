@@ -13,7 +13,6 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
@@ -27,7 +26,7 @@ import lightning.pytorch as pl  # noqa: E402
 import heterotrain  # noqa: E402
 import heterotrain.lightning  # noqa: E402
 from ddp_worker import model_and_data, optimizer, write_atomic  # noqa: E402
-from loader_worker import Samples  # noqa: E402
+from loader_worker import Samples, finish  # noqa: E402
 
 
 class Module(pl.LightningModule):
@@ -63,13 +62,7 @@ def main(cfg):
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=cfg["out"])
     trainer.fit(module, loader)
-    out = cfg["out"]
-    with open(os.path.join(out, f"rank{ht.rank}.json"), "w") as f:
-        json.dump({"log": module.log_rows, "step": ht.step, "global_step": trainer.global_step}, f)
-    if ht.rank == 0:
-        torch.save(model.state_dict(), os.path.join(out, "hetero.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(cfg, ht, model, {"log": module.log_rows, "step": ht.step, "global_step": trainer.global_step})
 
 
 if __name__ == "__main__":

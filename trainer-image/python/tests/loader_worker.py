@@ -74,10 +74,16 @@ def main(cfg):
                             "heterotrain": ht.state_dict()}, cfg["checkpoint"])
             break
     ht.finish()
+    finish(cfg, ht, model, {"log": log, "step": ht.step}, save_model=not cfg.get("stop_after"))
+
+
+def finish(cfg, ht, model, result, save_model=True):
+    """Write this rank's ``result`` (and rank 0's parameters) under the
+    run's ``out``, then leave the process group with every rank."""
     out = cfg["out"]
     with open(os.path.join(out, f"rank{ht.rank}.json"), "w") as f:
-        json.dump({"log": log, "step": ht.step}, f)
-    if ht.rank == 0 and not cfg.get("stop_after"):
+        json.dump(result, f)
+    if ht.rank == 0 and save_model:
         torch.save(model.state_dict(), os.path.join(out, "hetero.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -8,10 +8,9 @@ import sys
 import tempfile
 import unittest
 
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import HERE, launch_ranks, promtool, promtool_check, read, wait_all  # noqa: E402
+from common import HERE, launch_ranks, max_param_diff, promtool, promtool_check, read, wait_all  # noqa: E402
 
 WORKER = os.path.join(HERE, "ddp_worker.py")
 WORLD = 3
@@ -54,12 +53,6 @@ def run_job(out, hook=True):
     procs += launch_ranks([WORKER, paths[1]], 1, ref_dir)
     return wait_all(procs)
 
-
-def max_param_diff(out):
-    a = torch.load(os.path.join(out, "hetero.pt"))
-    b = torch.load(os.path.join(out, "reference.pt"))
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 class HeteroDDPTest(unittest.TestCase):

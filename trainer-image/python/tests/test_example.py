@@ -19,6 +19,17 @@ from common import REPO_ROOT, launch_ranks, read, wait_all  # noqa: E402
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "own-model", "train.py")
 
 
+def wait_for_text(path, text, procs, seconds):
+    """The log at ``path`` once it holds ``text``, a process ended, or
+    ``seconds`` passed (a generous bound: it ends a hung run, never measures)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and text not in read(path):
+        if any(p.poll() is not None for p, _ in procs):
+            break
+        time.sleep(0.2)
+    return read(path)
+
+
 class ExampleSigtermTest(unittest.TestCase):
     def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(self):
         with tempfile.TemporaryDirectory(prefix="ht-example-") as out:
@@ -29,12 +40,7 @@ class ExampleSigtermTest(unittest.TestCase):
                                   "--log-every", "5", "--plan-file", plan],
                                  2, out, HT_METRICS_PORT=0)
             log0 = os.path.join(out, "rank0.log")
-            deadline = time.time() + 90
-            while time.time() < deadline and "step 10/" not in read(log0):
-                if any(p.poll() is not None for p, _ in procs):
-                    break
-                time.sleep(0.2)
-            self.assertIn("step 10/", read(log0), "the example did not get going")
+            self.assertIn("step 10/", wait_for_text(log0, "step 10/", procs, 90), "the example did not get going")
             procs[1][0].send_signal(signal.SIGTERM)
             codes = wait_all(procs, timeout=60)
             logs = [read(os.path.join(out, f"rank{r}.log")) for r in range(2)]
@@ -55,12 +61,7 @@ class ExampleSigtermTest(unittest.TestCase):
             os.makedirs(first)
             procs = launch_ranks(argv, 2, first, HT_METRICS_PORT=0)
             log0 = os.path.join(first, "rank0.log")
-            deadline = time.time() + 120
-            while time.time() < deadline and "step 25/" not in read(log0):
-                if any(p.poll() is not None for p, _ in procs):
-                    break
-                time.sleep(0.2)
-            self.assertIn("step 25/", read(log0), "the example did not get going")
+            self.assertIn("step 25/", wait_for_text(log0, "step 25/", procs, 120), "the example did not get going")
             procs[1][0].kill()
             for p, _ in procs:
                 p.kill()

@@ -13,7 +13,7 @@ import unittest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HERE, launch_ranks, read, wait_all  # noqa: E402
+from common import HERE, launch_ranks, max_param_diff, read, wait_all  # noqa: E402
 
 WORKER = os.path.join(HERE, "loader_worker.py")
 REFERENCE = os.path.join(HERE, "ddp_worker.py")
@@ -60,12 +60,6 @@ def run(out, plan_text, worker=WORKER, env=None, **cfg):
     consoles = [read(os.path.join(out, f"rank{r}.log")) for r in range(WORLD)]
     return codes, logs, consoles
 
-
-def max_param_diff(out):
-    a = torch.load(os.path.join(out, "hetero.pt"))
-    b = torch.load(os.path.join(out, "reference.pt"))
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 class OwnDataLoaderTest(unittest.TestCase):
