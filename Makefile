@@ -53,17 +53,22 @@ fuzz: setup ## fuzz the plan parser, the exposition parser and spec validation, 
 fmt: ## format the code
 	@cargo fmt --all
 
-crds: ## regenerate crds/heterotrainingjob.yaml (and the chart's copy) from the Rust types
+crds: ## regenerate crds/heterotrainingjob.yaml (and the chart's copy) and docs/api-reference.md from the Rust types
 	@$(CARGO) run -q -p heterotrain-crds --bin crdgen > crds/heterotrainingjob.yaml.tmp
 	@mv crds/heterotrainingjob.yaml.tmp crds/heterotrainingjob.yaml
 	@cp crds/heterotrainingjob.yaml charts/heterotrain/crds/heterotrainingjob.yaml
-	@echo "wrote crds/heterotrainingjob.yaml and charts/heterotrain/crds/heterotrainingjob.yaml"
+	@$(CARGO) run -q -p heterotrain-crds --bin crdgen -- --reference > docs/api-reference.md.tmp
+	@mv docs/api-reference.md.tmp docs/api-reference.md
+	@echo "wrote crds/heterotrainingjob.yaml, charts/heterotrain/crds/heterotrainingjob.yaml and docs/api-reference.md"
 
 demo: setup ## the whole system on this machine (see README)
 	@bash e2e/scripts/release.sh heterotrain-demo
 
-demo-down: ## stop the demo's local control plane
-	@$(CARGO) run -q --release -p heterotrain-e2e --bin heterotrain-demo -- --down
+DEMO_BIN := $(CARGO_TARGET_DIR)/release/heterotrain-demo
+
+demo-down: ## stop the demo's local control plane (runs the demo's own binary: compiles nothing)
+	@if [ -x "$(DEMO_BIN)" ]; then "$(DEMO_BIN)" --down; \
+	else echo "no demo binary at $(DEMO_BIN): make demo has not run here, so there is nothing to stop"; fi
 
 bench: setup ## policies × scenarios on simulated nodes, DDP, operator scale → out/bench (BENCH_ARGS=--quick …)
 	@bash e2e/scripts/release.sh heterotrain-bench $(BENCH_ARGS)

@@ -8,6 +8,7 @@ pub mod labels;
 pub mod metrics;
 pub mod plan;
 pub mod profile;
+pub mod reference;
 pub mod resources;
 pub mod run_policy;
 pub mod trainer;
@@ -15,6 +16,7 @@ pub mod trainer;
 pub use job::*;
 pub use plan::{BatchPlan, PlanError, PLAN_KEY};
 pub use profile::{DeviceInfo, DeviceKind, HardwareProfile, ProfileError, ProfilePoint};
+pub use reference::api_reference_markdown;
 pub use run_policy::{finished_step, FINISHED_AT_STEP, STOPPED_BY_SIGNAL};
 pub use trainer::TrainerArgs;
 

@@ -1,4 +1,5 @@
-//! Fails when `crds/heterotrainingjob.yaml` is not what the Rust types generate.
+//! Fails when `crds/heterotrainingjob.yaml` or `docs/api-reference.md` is
+//! not what the Rust types generate.
 
 #[test]
 fn committed_crd_matches_generated() {
@@ -8,6 +9,17 @@ fn committed_crd_matches_generated() {
     assert!(
         committed == generated,
         "crds/heterotrainingjob.yaml is stale: run `make crds` and commit the result"
+    );
+}
+
+#[test]
+fn committed_api_reference_matches_generated() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api-reference.md");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    let generated = heterotrain_crds::api_reference_markdown().expect("render reference");
+    assert!(
+        committed == generated,
+        "docs/api-reference.md is stale: run `make crds` and commit the result"
     );
 }
 

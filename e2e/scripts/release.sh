@@ -9,7 +9,9 @@ CACHE="${HETEROTRAIN_CACHE:-$HOME/.cache/heterotrain}"
 source "$CACHE/env.sh"
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
-echo "==> building release binaries (trainer, operator, local control plane; first time several minutes)"
-cargo build --release -p heterotrain-trainer -p heterotrain-operator -p heterotrain-e2e
+echo "==> building release binaries (trainer, operator, local control plane, $BIN; the first time about 10 minutes on 2 cores)"
+# Only the binaries this run starts: the demo does not build the bench.
+cargo build --release -p heterotrain-trainer -p heterotrain-operator -p heterotrain-e2e \
+  --bin heterotrain-trainer --bin heterotrain-operator --bin heterotrain-local --bin "$BIN"
 echo "==> built in $(( $(date +%s) - T0 ))s"
 exec "$CARGO_TARGET_DIR/release/$BIN" "$@"

@@ -54,15 +54,22 @@ else
   step "torch $TORCH_VERSION venv present"
 fi
 # The Python library's (trainer-image/python) dependency, what packages it
-# (`make wheel`) and the framework its tests integrate with (Lightning, pinned
-# to a version tested here): added to venvs made before they were needed.
+# (`make wheel`) and the frameworks its tests integrate with (Lightning, the
+# Hugging Face Trainer with Accelerate; pinned to versions tested here):
+# added to venvs made before they were needed.
 LIGHTNING_VERSION=2.6.6
-if ! "$VENV/bin/python" -c "import prometheus_client, wheel, lightning, sys; sys.exit(lightning.__version__ != '$LIGHTNING_VERSION')" >/dev/null 2>&1; then
-  step "adding prometheus_client, wheel and lightning==$LIGHTNING_VERSION to the venv (Python library)"
-  "$VENV/bin/pip" install -q prometheus_client wheel "lightning==$LIGHTNING_VERSION" >>"$LOG" 2>&1 \
-    || fail "pip install prometheus_client wheel lightning==$LIGHTNING_VERSION into $VENV"
+TRANSFORMERS_VERSION=5.20.0
+ACCELERATE_VERSION=1.16.0
+PY_PKGS=(prometheus_client wheel "lightning==$LIGHTNING_VERSION" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION")
+if ! "$VENV/bin/python" -c "
+import sys, prometheus_client, wheel, lightning, transformers, accelerate
+sys.exit((lightning.__version__, transformers.__version__, accelerate.__version__)
+         != ('$LIGHTNING_VERSION', '$TRANSFORMERS_VERSION', '$ACCELERATE_VERSION'))" >/dev/null 2>&1; then
+  step "adding ${PY_PKGS[*]} to the venv (Python library and its integrations)"
+  "$VENV/bin/pip" install -q "${PY_PKGS[@]}" >>"$LOG" 2>&1 \
+    || fail "pip install ${PY_PKGS[*]} into $VENV"
 else
-  step "prometheus_client, wheel and lightning present in the venv"
+  step "prometheus_client, wheel, lightning, transformers and accelerate present in the venv"
 fi
 
 # 2b. CUDA headers the optional NCCL build needs (`--features nccl`): the torch

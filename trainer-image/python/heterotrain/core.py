@@ -109,6 +109,20 @@ class HeteroTrain:
         #: The next step whose indices the batch sampler hands out.
         self._next_fetch = 1
         self._hook_attached = False
+        #: What attach() was given to skip a left-out rank's steps (see
+        #: ``_exchange_for``): the DDP model, the objects whose state a
+        #: re-admitted rank copies from rank 0, and whether every rank can.
+        self._ddp = None
+        self._sync_objects: List[Any] = []
+        self._skip_local = False
+        self._skip_refusal = "attach() was not called"
+        self._skip = False
+        self._skip_from = 0
+        self._subgroups: Dict[Tuple[int, ...], Any] = {}
+        #: Ranks whose steps were skipped since their state was last copied.
+        self._stale: set = set()
+        #: Steps this rank skipped (left out, with attach(optimizer=)).
+        self.skipped_steps = 0
         self.hook_state = HeteroHookState(weight=self.local_batch / global_batch_size)
         self.metrics.set_plan(self.plan.generation, self.local_batch)
         self.metrics.set_position(0, 0, self._total_steps or 0)
@@ -233,10 +247,16 @@ class HeteroTrain:
         if self._started:
             return
         self._started = True
-        la = torch.tensor([self._lookahead_local], dtype=torch.int64)
+        # The lookahead is a MAX over the ranks; skipping a left-out rank's
+        # steps needs every rank's consent (MAX of "cannot").
+        la = torch.tensor([self._lookahead_local, 0 if self._skip_local else 1], dtype=torch.int64)
         dist.all_reduce(la, op=dist.ReduceOp.MAX, group=self._control_group)
-        self.lookahead = int(la.item())
+        self.lookahead = int(la[0].item())
+        self._skip = int(la[1].item()) == 0
         first = self.step + 1
+        # DDP rebuilds its buckets in the forward after its first backward,
+        # with a broadcast over every rank: no rank skips before that.
+        self._skip_from = first + 2
         self._schedule = [(first, self._latest)]
         if self._agree(first):
             self._stop_requested.set()
@@ -267,12 +287,71 @@ class HeteroTrain:
             self.plan = new
             self.hook_state.weight = self.local_batch / self.global_batch_size
             self.metrics.set_plan(new.generation, self.local_batch)
-            if self.left_out:
+            if self.left_out and not self._skip:
                 _warn_once(self, "left-out",
                            f"heterotrain: rank {self.rank}: the plan leaves this rank out from step {step}; "
                            "it trains a one-sample stand-in weighted 0 (forward and backward still run, "
-                           "the gradient exchange carries zeros)")
+                           "the gradient exchange carries zeros): " + self._why_no_skip())
+        self._exchange_for(step)
 
+    def _skip_this(self, step: int) -> bool:
+        """This rank is left out of ``step`` and skips it: the step closes at
+        once, without a forward, a backward or a gradient exchange."""
+        if not (self.left_out and self._skipping(step)):
+            return False
+        self.skipped_steps += 1
+        self.step_done()
+        return True
+
+    def _why_no_skip(self) -> str:
+        if self._ddp is None:
+            return ("frameworks that average gradients over every rank (scale(), Lightning, FSDP) need "
+                    "every rank in each exchange; with plain DDP, attach(model, optimizer=opt) skips the step")
+        if not self._skip_local:
+            return self._skip_refusal
+        return "some rank attached without optimizer=, so no rank skips"
+
+    def _skipping(self, step: int) -> bool:
+        """Whether left-out ranks skip ``step`` (identical on every rank)."""
+        return self._skip and step >= self._skip_from and 0 in self.plan.batch_sizes
+
+    def _exchange_for(self, step: int) -> None:
+        """Point the hook at the ranks that train ``step``. When left-out
+        ranks skip it, the others reduce on a process group of their own
+        (built once per membership, by every rank in the same order); when a
+        rank that skipped steps trains again, it first copies the model and
+        the attached optimizer's (and scheduler's) state from rank 0."""
+        if not self._skip:
+            return
+        sizes = self.plan.batch_sizes
+        back = sorted(r for r in self._stale if sizes[r] > 0)
+        if back:
+            self._copy_from_rank0(back)
+        if self._skipping(step):
+            active = tuple(r for r, b in enumerate(sizes) if b > 0)
+            if active not in self._subgroups:
+                self._subgroups[active] = dist.new_group(ranks=list(active), backend=dist.get_backend())
+            self.hook_state.group = self._subgroups[active]
+            self._stale.update(r for r, b in enumerate(sizes) if b == 0)
+        else:
+            self.hook_state.group = None
+
+    def _copy_from_rank0(self, ranks: List[int]) -> None:
+        """Every rank: broadcast rank 0's parameters, buffers and attached
+        state; ``ranks`` (which skipped steps) take them."""
+        module = self._ddp.module
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t.data, src=0)
+        states = [o.state_dict() if self.rank == 0 else None for o in self._sync_objects]
+        dist.broadcast_object_list(states, src=0)
+        if self.rank in ranks:
+            for o, st in zip(self._sync_objects, states):
+                o.load_state_dict(st)
+        self._stale.difference_update(ranks)
+        if self.rank == 0:
+            print(f"heterotrain: ranks {ranks} train again: model and optimizer state copied from rank 0",
+                  file=sys.stderr, flush=True)
     def begin_step(self) -> Optional[int]:
         """Start the next step: agree on the plan and on stopping with every
         rank. Returns the step number (from 1), or None when the run is over
@@ -331,6 +410,8 @@ class HeteroTrain:
             step = self.begin_step()
             if step is None:
                 return
+            if self._skip_this(step):
+                continue
             t0 = time.perf_counter()
             idx = self.local_indices(step)
             if not idx:
@@ -372,10 +453,31 @@ class HeteroTrain:
 
     # -- the model -----------------------------------------------------------
 
-    def attach(self, ddp_model):
-        """Install the b_r/B-weighted SUM hook on a DDP model; returns it."""
+    def attach(self, ddp_model, optimizer=None, scheduler=None):
+        """Install the b_r/B-weighted SUM hook on a DDP model; returns it.
+
+        With ``optimizer`` (and the LR ``scheduler``, if any), a rank the
+        plan leaves out skips the step altogether: ``steps()`` and
+        ``batches()`` do not yield it on that rank (no forward, no backward,
+        no gradient bytes), the others exchange gradients among themselves,
+        and when the rank trains again it first copies the model and these
+        objects' state from rank 0. The loop body then does not run on a
+        left-out rank, so it must not call collectives of its own. Needs the
+        DDP model on the default process group, no ``find_unused_parameters``
+        or ``static_graph``, and no buffers to broadcast
+        (``broadcast_buffers=False`` for models with BatchNorm); otherwise,
+        and without ``optimizer``, a left-out rank trains a stand-in sample
+        weighted 0, with a warning saying why."""
         register(ddp_model, self.hook_state)
         self._hook_attached = True
+        self._ddp = ddp_model
+        self._sync_objects = [o for o in (optimizer, scheduler) if o is not None]
+        self._skip_refusal = _skip_refusal(ddp_model) if optimizer is not None else \
+            "attach() was not given the optimizer, whose state a re-admitted rank must copy"
+        self._skip_local = self._skip_refusal == ""
+        if self._started:
+            self._skip_local = False
+            self._skip_refusal = "attach() came after the first step"
         return ddp_model
 
     @property
@@ -459,6 +561,8 @@ class HeteroTrain:
                 if step is None:
                     return
                 yielded = True
+                if self._skip_this(step):
+                    continue
                 yield step, batch
             if not yielded:
                 raise RuntimeError("heterotrain: the DataLoader yielded no batch for a whole epoch")
@@ -578,6 +682,19 @@ def _env_int(name: str) -> Optional[int]:
     if value < 0:
         raise ValueError(f"heterotrain: ${name} is {value}, not a non-negative integer")
     return value
+
+
+def _skip_refusal(ddp_model) -> str:
+    """Why this DDP model cannot let a left-out rank skip its steps ("" if it can)."""
+    if getattr(ddp_model, "process_group", None) not in (None, dist.group.WORLD, dist.distributed_c10d._get_default_group()):
+        return "the DDP model reduces on a process group other than the default one"
+    if getattr(ddp_model, "find_unused_parameters", False):
+        return "find_unused_parameters=True all-reduces over every rank in backward"
+    if getattr(ddp_model, "static_graph", False):
+        return "static_graph=True"
+    if getattr(ddp_model, "broadcast_buffers", False) and any(True for _ in ddp_model.module.buffers()):
+        return "the model has buffers that DDP broadcasts in forward; build DDP with broadcast_buffers=False"
+    return ""
 
 
 def _warn_once(ht, key: str, message: str) -> None:

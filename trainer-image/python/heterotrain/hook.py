@@ -6,9 +6,11 @@ the gradient of the mean loss over the whole global batch of B samples,
 whatever the split. DDP's built-in hook divides by the world size (right
 only for equal splits); ``register_comm_hook`` replaces it with this one.
 
-A rank the plan leaves out (b_r = 0) still joins every all-reduce, with a
-bucket of zeros, so DDP's collectives stay matched across ranks and the
-rank adds nothing to the gradient (whatever its stand-in batch computed).
+A rank the plan leaves out (b_r = 0) skips the step when ``attach()`` was
+given the optimizer: the others reduce on a process group of their own
+(``state.group``). Otherwise it still joins every all-reduce, with a bucket
+of zeros, so DDP's collectives stay matched across ranks and the rank adds
+nothing to the gradient (whatever its stand-in batch computed).
 """
 
 import threading
@@ -32,6 +34,8 @@ class HeteroHookState:
         self.weight = float(weight)
         self.group = group
         self._lock = threading.Lock()
+        #: Gradient bytes this rank has sent into all-reduces, over all steps.
+        self.bytes_total = 0
         self.reset()
 
     def reset(self) -> None:
@@ -40,10 +44,11 @@ class HeteroHookState:
             self.last_done: Optional[float] = None
             self.buckets = 0
 
-    def _called(self) -> None:
+    def _called(self, nbytes: int = 0) -> None:
         with self._lock:
             self.last_call = time.perf_counter()
             self.buckets += 1
+            self.bytes_total += nbytes
 
     def _done(self) -> None:
         now = time.perf_counter()
@@ -62,8 +67,8 @@ class HeteroHookState:
 
 def hetero_allreduce_hook(state: HeteroHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """``bucket *= b_r / B`` (zeros when b_r = 0), then a SUM all-reduce."""
-    state._called()
     buf = bucket.buffer()
+    state._called(buf.numel() * buf.element_size())
     if state.weight == 0.0:
         buf.zero_()
     elif state.weight != 1.0:

@@ -51,9 +51,12 @@ def hetero(cfg):
     ht = heterotrain.init(cfg["b"], total_steps=cfg["steps"], seed=cfg["seed"],
                           plan_file=cfg["plan_file"], metrics_port=0)
     ddp = DDP(model)
-    if cfg.get("hook", True):
-        ht.attach(ddp)
     opt = optimizer(ddp.parameters())
+    if cfg.get("hook", True):
+        # With the optimizer, a left-out rank skips its steps.
+        ht.attach(ddp, optimizer=opt)
+    forwards = []
+    model.register_forward_pre_hook(lambda m, args: forwards.append(ht.current_step))
     log = []
     for step, (x, y) in ht.batches(ds):
         log.append({"step": step, "epoch": ht.epoch, "generation": ht.plan.generation,
@@ -76,7 +79,9 @@ def hetero(cfg):
     with open(os.path.join(out, f"metrics{ht.rank}.txt"), "w") as f:
         f.write(metrics)
     with open(os.path.join(out, f"rank{ht.rank}.json"), "w") as f:
-        json.dump({"log": log, "step": ht.step, "stopped": ht.stopped}, f)
+        json.dump({"log": log, "step": ht.step, "stopped": ht.stopped, "forwards": forwards,
+                   "gradient_bytes": ht.hook_state.bytes_total, "skipped": ht.skipped_steps,
+                   "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}, f)
     if ht.rank == 0:
         torch.save(model.state_dict(), os.path.join(out, "hetero.pt"))
     dist.barrier()

@@ -14,7 +14,7 @@ from common import HERE, launch_ranks, max_param_diff, promtool, promtool_check,
 
 WORKER = os.path.join(HERE, "ddp_worker.py")
 WORLD = 3
-N, B, STEPS, SEED = 100, 32, 10, 5  # 3 steps per epoch: epochs at steps 1, 4, 7, 10
+N, B, STEPS, SEED = 100, 32, 12, 5  # 3 steps per epoch: epochs at steps 1, 4, 7, 10
 
 
 def plan(gen, sizes):
@@ -28,10 +28,12 @@ WRITES = {
     "4": "{\"generation\": 9, \"globalBa",   # malformed: ignored, training goes on under gen 2
     "5": plan(1, [20, 9, 3]),                # old generation: refused
     "6": plan(3, [16, 8, 4, 4]),             # wrong length: refused
-    "7": plan(4, [24, 0, 8]),                # in force from step 8: rank 1 left out, across 9 | 10
+    "7": plan(4, [24, 0, 8]),                # in force from step 8: rank 1 left out (skips 8, 9)
+    "9": plan(5, [4, 12, 16]),               # from step 10, an epoch's start: rank 1 trains again
 }
-EXPECTED_GEN = {1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 4, 9: 4, 10: 4}
-SIZES = {1: [20, 9, 3], 2: [28, 3, 1], 4: [24, 0, 8]}
+EXPECTED_GEN = {1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 4, 9: 4, 10: 5, 11: 5, 12: 5}
+SIZES = {1: [20, 9, 3], 2: [28, 3, 1], 4: [24, 0, 8], 5: [4, 12, 16]}
+LEFT_OUT = {1: {8, 9}}  # rank: the steps it skips
 
 
 def run_job(out, hook=True):
@@ -90,8 +92,8 @@ class HeteroDDPTest(unittest.TestCase):
 
     def test_all_ranks_switch_at_the_same_step(self):
         seen = {r: [(e["step"], e["generation"], e["sizes"]) for e in self.logs[r]["log"]] for r in range(WORLD)}
-        self.assertEqual(seen[0], seen[1])
         self.assertEqual(seen[0], seen[2])
+        self.assertEqual(seen[1], [e for e in seen[0] if e[0] not in LEFT_OUT[1]])
         self.assertEqual([s for s, _, _ in seen[0]], list(range(1, STEPS + 1)))
         for step, gen, sizes in seen[0]:
             self.assertEqual(gen, EXPECTED_GEN[step], f"step {step}")
@@ -100,15 +102,27 @@ class HeteroDDPTest(unittest.TestCase):
     def test_slices_are_the_one_process_batch(self):
         with open(os.path.join(self.out, "reference.json")) as f:
             ref = json.load(f)
+        by_step = {r: {e["step"]: e for e in self.logs[r]["log"]} for r in range(WORLD)}
         for i in range(STEPS):
-            union = [j for r in range(WORLD) for j in self.logs[r]["log"][i]["indices"]]
+            entries = [by_step[r].get(i + 1) for r in range(WORLD)]
+            union = [j for e in entries if e is not None for j in e["indices"]]
             self.assertEqual(union, ref[i], f"step {i + 1}")
-            for r in range(WORLD):
-                e = self.logs[r]["log"][i]
-                self.assertEqual(len(e["indices"]), e["sizes"][r])
-                # A left-out rank trains on a one-sample stand-in.
-                self.assertEqual(e["rows"], max(e["sizes"][r], 1))
-        self.assertEqual([e["epoch"] for e in self.logs[0]["log"]], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
+            for r, e in enumerate(entries):
+                if e is not None:
+                    self.assertEqual(len(e["indices"]), e["sizes"][r])
+                    self.assertEqual(e["rows"], e["sizes"][r])
+        self.assertEqual([e["epoch"] for e in self.logs[0]["log"]], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+
+    def test_a_left_out_rank_spends_no_forward_and_no_gradient_bytes(self):
+        for r in range(WORLD):
+            skipped = LEFT_OUT.get(r, set())
+            log = self.logs[r]
+            trained = [s for s in range(1, STEPS + 1) if s not in skipped]
+            self.assertEqual(log["forwards"], trained, f"rank {r}: one forward per step it trains")
+            self.assertEqual(log["skipped"], len(skipped))
+            # DDP's buckets hold every parameter's gradient once a step.
+            self.assertEqual(log["gradient_bytes"], len(trained) * log["parameter_bytes"], f"rank {r}")
+        self.assertIn("ranks [1] train again: model and optimizer state copied from rank 0", self.console(0))
 
     def test_bad_plans_are_refused_with_warning_and_counted(self):
         log0 = self.console(0)
@@ -128,7 +142,8 @@ class HeteroDDPTest(unittest.TestCase):
             self.assertIsNotNone(mm, f"{name} missing")
             return float(mm.group(1))
 
-        expected_samples = {0: 2 * 20 + 5 * 28 + 3 * 24, 1: 2 * 9 + 5 * 3 + 0, 2: 2 * 3 + 5 * 1 + 3 * 8}
+        expected_samples = {0: 2 * 20 + 5 * 28 + 2 * 24 + 3 * 4, 1: 2 * 9 + 5 * 3 + 0 + 3 * 12,
+                            2: 2 * 3 + 5 * 1 + 2 * 8 + 3 * 16}
         for r in range(WORLD):
             m = read(os.path.join(self.out, f"metrics{r}.txt"))
             self.assertEqual(value(m, "heterotrain_samples_total"), expected_samples[r])
@@ -136,8 +151,8 @@ class HeteroDDPTest(unittest.TestCase):
             self.assertEqual(value(m, "heterotrain_step"), STEPS)
             self.assertEqual(value(m, "heterotrain_total_steps"), STEPS)
             self.assertEqual(value(m, "heterotrain_epoch"), 3)
-            self.assertEqual(value(m, "heterotrain_plan_generation"), 4)
-            self.assertEqual(value(m, "heterotrain_local_batch_size"), [24, 0, 8][r])
+            self.assertEqual(value(m, "heterotrain_plan_generation"), 5)
+            self.assertEqual(value(m, "heterotrain_local_batch_size"), [4, 12, 16][r])
             self.assertEqual(value(m, "heterotrain_finished"), 1)
             self.assertGreater(value(m, "heterotrain_compute_seconds_total"), 0)
             for phase in ("data", "forward", "backward", "allreduce", "optimizer"):
