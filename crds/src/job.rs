@@ -72,10 +72,17 @@ pub struct HeteroTrainingJobSpec {
     /// here: the first group's replicas are ranks 0..n-1, and so on.
     #[schemars(length(min = 1, max = 64))]
     pub workers: Vec<WorkerGroup>,
-    /// The model to train.
-    pub model: ModelSpec,
-    /// The training data.
-    pub dataset: DatasetSpec,
+    /// The model to train. Required for the built-in trainer; optional when
+    /// every group runs its own `command` (then, when given, it names the
+    /// job's profile-cache entries, which otherwise go by the name
+    /// `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// The training data. Required for the built-in trainer; optional when
+    /// every group runs its own `command` (then a `claimName` is still
+    /// mounted at `path` for the script).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<DatasetSpec>,
     /// Optimisation settings; `globalBatchSize` is kept constant whatever the split.
     pub training: TrainingSpec,
     /// Collective backend: `auto` picks NCCL when every rank is CUDA, Gloo otherwise.
@@ -987,7 +994,7 @@ impl HeteroTrainingJobSpec {
     /// raised to 2 for per-rank (`local`) BatchNorm on a BatchNorm model
     /// (one sample has no variance).
     pub fn effective_min_local_batch(&self) -> u32 {
-        let floor = if self.model.name.has_batch_norm()
+        let floor = if self.model.as_ref().is_some_and(|m| m.name.has_batch_norm())
             && self.training.batch_norm == BatchNormMode::Local
         {
             2

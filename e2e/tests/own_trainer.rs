@@ -68,9 +68,7 @@ spec:
       replicas: 1
       nodeSelector: {{kubernetes.io/hostname: slow}}
       resources: {{requests: {{cpu: "1"}}, limits: {{cpu: "1"}}}}
-  model: {{name: simple_cnn}}
-  dataset: {{name: synthetic_image}}
-  training: {{globalBatchSize: {B}, maxSteps: {steps}, learningRate: "0.05"}}
+  training: {{globalBatchSize: {B}, maxSteps: {steps}}}
   loadBalancing: {{policy: {policy}, rebalanceIntervalSteps: 5, minGainPercent: 5}}
   profiling: {{enabled: false}}
   checkpoint: {{everySteps: 0}}

@@ -84,7 +84,11 @@ fn sanitize(s: &str) -> String {
 /// The model part of the key, e.g. `mlp.h128.l2`; a TorchScript model's
 /// file is part of it (`torchscript.f/data/m.pt`), since the name alone
 /// says nothing of the network.
-pub fn model_key(m: &ModelSpec) -> String {
+pub fn model_key(m: Option<&ModelSpec>) -> String {
+    // A job of your own commands that names no model.
+    let Some(m) = m else {
+        return "command".to_string();
+    };
     let mut k = m.name.as_str().to_string();
     for (p, v) in [
         ("h", m.hidden),
@@ -106,7 +110,7 @@ pub fn model_key(m: &ModelSpec) -> String {
 /// ConfigMap key of a profile (a valid data key: `[-._a-zA-Z0-9]+`): the
 /// job's namespace, the hardware class ([`hardware_class`]), the group's
 /// device and threads per rank, and the model.
-pub fn key(namespace: &str, hardware: &str, g: &WorkerGroup, model: &ModelSpec) -> String {
+pub fn key(namespace: &str, hardware: &str, g: &WorkerGroup, model: Option<&ModelSpec>) -> String {
     let dev = match g.device {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
@@ -193,7 +197,7 @@ pub fn lookup(
         .into_iter()
         .map(|(gi, _)| {
             let g = spec.workers.get(gi)?;
-            let k = key(namespace, &group_hardware(g)?, g, &spec.model);
+            let k = key(namespace, &group_hardware(g)?, g, spec.model.as_ref());
             cache.get(&k).cloned().map(|c| Some(c.into()))
         })
         .collect()
@@ -306,10 +310,10 @@ mod tests {
             serde_json::json!({"name": "gpu", "replicas": 1, "device": "cuda"}),
         )
         .expect("group");
-        let a = key("ml", "H100", &g, &m);
+        let a = key("ml", "H100", &g, Some(&m));
         assert_eq!(a, "ml.H100_cuda_t1_torchscript.f_data_a.pt");
         m.file = Some("/data/b.pt".into());
-        assert_ne!(key("ml", "H100", &g, &m), a);
+        assert_ne!(key("ml", "H100", &g, Some(&m)), a);
     }
 
     #[test]
@@ -322,10 +326,15 @@ mod tests {
             )
             .expect("group")
         };
-        let a = key("team-a", "acc-xeon", &group(2), &m);
-        assert_ne!(a, key("team-b", "acc-xeon", &group(2), &m));
-        assert_ne!(a, key("team-a", "acc-xeon", &group(4), &m));
-        assert_eq!(a, key("team-a", "acc-xeon", &group(2), &m));
+        let a = key("team-a", "acc-xeon", &group(2), Some(&m));
+        assert_ne!(a, key("team-b", "acc-xeon", &group(2), Some(&m)));
+        assert_ne!(a, key("team-a", "acc-xeon", &group(4), Some(&m)));
+        assert_eq!(a, key("team-a", "acc-xeon", &group(2), Some(&m)));
+        // A job of commands without a model has its own entries.
+        assert_eq!(
+            key("team-a", "acc-xeon", &group(2), None),
+            "team-a.acc-xeon_cpu_t2_command"
+        );
         // A job in team-b finds none of team-a's profiles.
         let spec: HeteroTrainingJobSpec = serde_json::from_value(serde_json::json!({
             "workers": [{"name": "cpu", "replicas": 2, "threads": 2,

@@ -25,7 +25,7 @@ pub fn operator_mounts(
         ("scratch", names::SCRATCH_DIR.to_string()),
         ("checkpoints", spec.checkpoint.path.clone()),
     ];
-    if let (Some(_), Some(dir)) = (&spec.dataset.claim_name, data_dir(spec)) {
+    if let (Some(_), Some(dir)) = (data_claim(spec), data_dir(spec)) {
         m.push(("data", dir));
     }
     if g.shm_size.is_some() {
@@ -36,12 +36,18 @@ pub fn operator_mounts(
 
 /// Directory the dataset is read from inside the pod, if any.
 pub fn data_dir(spec: &HeteroTrainingJobSpec) -> Option<String> {
-    spec.dataset.path.clone().or_else(|| {
-        spec.dataset
+    let dataset = spec.dataset.as_ref()?;
+    dataset.path.clone().or_else(|| {
+        dataset
             .claim_name
             .as_ref()
             .map(|_| names::DEFAULT_DATA_DIR.to_string())
     })
+}
+
+/// The claim holding the dataset, mounted read-only at [`data_dir`].
+pub fn data_claim(spec: &HeteroTrainingJobSpec) -> Option<&String> {
+    spec.dataset.as_ref()?.claim_name.as_ref()
 }
 
 /// Whether a label key is one the operator sets on its pods.

@@ -63,7 +63,9 @@ pub async fn provide_dataset(
 
 /// Where the job's files come from, for the summary.
 pub fn dataset_label(job: &HeteroTrainingJob) -> String {
-    let d = &job.spec.dataset;
+    let Some(d) = &job.spec.dataset else {
+        return "the job's own data (no dataset in the spec)".to_string();
+    };
     match &d.claim_name {
         Some(c) => format!("{} files from claim {c}", d.name.as_str()),
         None => format!(

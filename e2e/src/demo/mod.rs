@@ -80,7 +80,12 @@ pub async fn run(opts: &Options) -> Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("kubeconfig {kubeconfig} has no directory"))?
         .to_path_buf();
-    if let Some(claim) = &job.spec.dataset.claim_name {
+    if let Some(claim) = job
+        .spec
+        .dataset
+        .as_ref()
+        .and_then(|d| d.claim_name.as_ref())
+    {
         job::provide_dataset(&client, &state_dir, &opts.namespace, claim)
             .await
             .with_context(|| format!("providing the dataset claim {claim}"))?;

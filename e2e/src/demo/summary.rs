@@ -45,7 +45,12 @@ pub fn print(
         Some(d) => println!("  time to final plan:       {d:.1?} after the first step"),
         None => println!("  time to final plan:       plan never changed"),
     }
-    let note = if job.spec.dataset.name.from_files() {
+    let note = if job
+        .spec
+        .dataset
+        .as_ref()
+        .is_some_and(|d| d.name.from_files())
+    {
         format!(" ({})", dataset_label(job))
     } else {
         " (synthetic data with random labels: chance level)".to_string()

@@ -27,7 +27,13 @@ pub fn trainer_settings(
             .filter(|x| x.is_finite())
             .ok_or_else(|| Error::Invalid(format!("spec.training.{field} {v:?} is not a number")))
     };
-    let m = &spec.model;
+    // Validation refuses a spec whose groups run the built-in trainer
+    // without a model and a dataset.
+    let (Some(m), Some(dataset)) = (&spec.model, &spec.dataset) else {
+        return Err(Error::Invalid(
+            "spec.model and spec.dataset are required for the built-in trainer".into(),
+        ));
+    };
     a.model.arch = m.name;
     for (field, v) in [
         (&mut a.model.hidden, m.hidden),
@@ -41,9 +47,9 @@ pub fn trainer_settings(
         }
     }
     a.model.model_file = m.file.as_ref().map(Into::into);
-    a.data.dataset = spec.dataset.name;
+    a.data.dataset = dataset.name;
     a.data.data_dir = data_dir(spec).map(Into::into);
-    if let Some(n) = spec.dataset.synthetic_samples {
+    if let Some(n) = dataset.synthetic_samples {
         a.data.synthetic_samples = n as usize;
     }
     let t = &spec.training;

@@ -154,7 +154,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         ckpt.sub_path = Some(v.name.clone());
     }
     mounts.push(ckpt);
-    if let (Some(c), Some(dir)) = (&spec.dataset.claim_name, data_dir(spec)) {
+    if let (Some(c), Some(dir)) = (crate::rank_pod::data_claim(spec), data_dir(spec)) {
         volumes.push(claim("data", c, true));
         mounts.push(mount("data", &dir, true));
     }

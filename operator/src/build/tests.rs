@@ -466,7 +466,7 @@ fn spec_hash_names_changed_sections() {
     let mut changed = job.spec.clone();
     assert!(hash::changed_sections(&h, &changed).is_empty());
     changed.workers[0].replicas = 3;
-    changed.model.hidden = Some(128);
+    changed.model.as_mut().expect("model").hidden = Some(128);
     changed.load_balancing.min_gain_percent = 10;
     assert_eq!(hash::changed_sections(&h, &changed), ["workers", "model"]);
 }
@@ -665,8 +665,11 @@ fn example_jobs_round_trip_through_the_trainer_command_line() {
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(parsed, built, "{}: {written:?}", path.display());
             assert_eq!(parsed.optim.batch_size, spec.training.global_batch_size);
-            assert_eq!(parsed.model.arch, spec.model.name);
-            assert_eq!(parsed.data.dataset, spec.dataset.name);
+            assert_eq!(parsed.model.arch, spec.model.as_ref().expect("model").name);
+            assert_eq!(
+                parsed.data.dataset,
+                spec.dataset.as_ref().expect("dataset").name
+            );
             assert_eq!(parsed.dist.device, g.device);
             assert_eq!(parsed.dist.threads, args::group_threads(g) as usize);
             assert_eq!(
@@ -699,6 +702,11 @@ fn own_command_replaces_the_trainer_and_keeps_the_contract() {
     job.spec.command = vec!["python".into(), "/app/train.py".into()];
     job.spec.args = vec!["--steps".into(), "5".into()];
     job.spec.workers[1].command = vec!["/opt/other".into()];
+    // The built-in trainer's settings are refused when no group runs it.
+    let t = &mut job.spec.training;
+    t.learning_rate = "0.05".into();
+    (t.momentum, t.weight_decay) = (None, None);
+    (t.schedule, t.warmup_steps) = (Default::default(), 0);
     let d = desired(&valid(&job), &inputs(0)).expect("build");
     let c = |rank: usize| d.pods[rank].spec.as_ref().expect("spec").containers[0].clone();
     // Rank 0 (group 0) runs the job's command with the job's args.

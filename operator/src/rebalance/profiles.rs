@@ -38,7 +38,7 @@ pub async fn store(
             .and_then(|x| x.node_name.as_deref());
         if let Some(hw) = profile_cache::hardware_of(deps.client, node, g).await {
             entries.insert(
-                profile_cache::key(&v.namespace, &hw, g, &spec.model),
+                profile_cache::key(&v.namespace, &hw, g, spec.model.as_ref()),
                 p.into(),
             );
         }

@@ -388,6 +388,71 @@ fn pod_customisation_example_is_valid() {
 }
 
 #[test]
+fn own_commands_need_no_model_or_dataset_and_refuse_the_built_in_trainers_fields() {
+    let problems = |patch: serde_json::Value| {
+        let mut v = base();
+        merge(&mut v["spec"], &patch);
+        let job: HeteroTrainingJob = serde_json::from_value(v).expect("schema-valid job");
+        validate("job", &job.spec, None)
+    };
+    // Every group runs a command: model and dataset may go.
+    let own =
+        serde_json::json!({"command": ["python", "/app/train.py"], "model": null, "dataset": null});
+    assert_eq!(problems(own.clone()), Ok(()));
+    // A dataset's claim is still theirs to mount; a model names the cache entry.
+    let mut with_claim = own.clone();
+    with_claim["dataset"] =
+        serde_json::json!({"name": "tensors", "claimName": "data", "path": "/data"});
+    with_claim["model"] = serde_json::json!({"name": "mlp"});
+    assert_eq!(problems(with_claim), Ok(()));
+
+    // The built-in trainer (no command, or one group without) needs both.
+    let err = problems(serde_json::json!({"model": null, "dataset": null})).expect_err("built-in");
+    let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(fields, ["spec.model", "spec.dataset"]);
+    assert!(
+        err[0].message.contains("give every group a command"),
+        "{}",
+        err[0].message
+    );
+    let err = problems(serde_json::json!({
+        "model": null,
+        "workers": [{"name": "own", "replicas": 2, "command": ["python", "t.py"]}, {"name": "cpu", "replicas": 2}],
+    }))
+    .expect_err("one group on the built-in trainer");
+    assert_eq!(err[0].field, "spec.model");
+
+    // Fields only the built-in trainer reads are refused, each by its path.
+    let mut set = own.clone();
+    set["model"] = serde_json::json!({"name": "mlp", "hidden": 64});
+    set["training"] =
+        serde_json::json!({"learningRate": "0.2", "momentum": "0.9", "optimizer": "adamw"});
+    let err = problems(set).expect_err("built-in-only fields");
+    let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.model.hidden",
+            "spec.training.optimizer",
+            "spec.training.learningRate",
+            "spec.training.momentum"
+        ]
+    );
+    assert!(
+        err[0]
+            .message
+            .contains("only the built-in trainer reads it"),
+        "{}",
+        err[0].message
+    );
+    // The same fields are fine when some group runs the built-in trainer.
+    assert_eq!(
+        problems(serde_json::json!({"training": {"learningRate": "0.05", "momentum": "0.9"}})),
+        Ok(())
+    );
+}
+
+#[test]
 fn own_commands_are_checked() {
     // A group's own command with its args is valid, as is a job-wide one.
     assert_eq!(

@@ -74,7 +74,7 @@ pub fn profile(
             .or_else(|| profile_cache::group_hardware(g));
         let cached = hardware
             .as_ref()
-            .and_then(|h| cache.get(&profile_cache::key(&namespace, h, g, &spec.model)));
+            .and_then(|h| cache.get(&profile_cache::key(&namespace, h, g, spec.model.as_ref())));
         let lp = live.get(&(rank as u32));
         let (a, c, max_batch, source) = match (lp, cached) {
             (Some(lp), _) if lp.per_sample_seconds.is_some() => (
@@ -143,11 +143,11 @@ pub fn profile(
     let mut out = format!(
         "Hardware of {} (model {}; samples/s at an equal share of {:.0} per rank; SPEED relative to the slowest; SOURCE: measured by the running rank, or cached from an earlier job on the same hardware)\n",
         v.name(),
-        profile_cache::model_key(&spec.model),
+        profile_cache::model_key(spec.model.as_ref()),
         share
     );
     out.push_str(&t.render());
-    let model = profile_cache::model_key(&spec.model);
+    let model = profile_cache::model_key(spec.model.as_ref());
     let mut known = Table::new(&[
         "CACHED PROFILE",
         "FIXED S/STEP",
