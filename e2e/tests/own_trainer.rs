@@ -4,8 +4,10 @@
 //! speed 1.0 and 0.33, under the real operator. The script reads the plan
 //! ConfigMap through the ServiceAccount the simulator mounts (as a kubelet
 //! does), serves `/metrics`, and is balanced like the built-in trainer.
-//! The same job under `static` gives the speed-up the README quotes
-//! (printed, not asserted: timings on a shared machine are no test).
+//! The same job under `static` gives the speed-up the user guide quotes
+//! (printed, not asserted: timings on a shared machine are no test). Then
+//! a rank of the script is SIGKILLed mid-run: the gang is recreated and
+//! resumes from the script's own checkpoint on the job's claim, not step 0.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +50,11 @@ fn python() -> String {
 /// running beside this one. A port claimed for this process avoids that
 /// (in a real cluster each pod has its own network namespace).
 fn job(name: &str, policy: &str, steps: u32) -> String {
+    job_with(name, policy, steps, "{everySteps: 0}")
+}
+
+/// [`job`] with the given `checkpoint` section (YAML flow mapping).
+fn job_with(name: &str, policy: &str, steps: u32, checkpoint: &str) -> String {
     let script = repo().join("examples/own-model/train.py");
     let script = script.canonicalize().unwrap_or(script);
     let master_port = heterotrain_e2e::ports::free_ports(1).expect("a free port")[0];
@@ -71,7 +78,7 @@ spec:
   training: {{globalBatchSize: {B}, maxSteps: {steps}}}
   loadBalancing: {{policy: {policy}, rebalanceIntervalSteps: 5, minGainPercent: 5}}
   profiling: {{enabled: false}}
-  checkpoint: {{everySteps: 0}}
+  checkpoint: {checkpoint}
 "#,
         python = python(),
         script = script.display(),
@@ -220,5 +227,77 @@ async fn own_trainer_script_is_balanced_like_the_builtin() {
         "own trainer: dynamic {dyn_rate:.0} samples/s vs static {static_rate:.0} samples/s: {:.2}× (one run, shared machine)",
         dyn_rate / static_rate.max(f64::MIN_POSITIVE)
     );
+    if let Err(e) = killed_and_resumed(&system).await {
+        panic!(
+            "killed and resumed: {e}\n--- dump ---\n{}",
+            system.dump("own-killed").await
+        );
+    }
     system.stop().await;
+}
+
+/// Rank 1 of the script SIGKILLed at step 60 or later: one restart, and rank 0 of
+/// the new gang resumes after a step the first gang checkpointed (every
+/// 20 steps on the claim `ckpt`), then the job ends `Succeeded`.
+async fn killed_and_resumed(system: &System) -> Result<(), String> {
+    let ns = "own-killed";
+    system
+        .create_namespace(ns)
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = system.client().await.map_err(|e| e.to_string())?;
+    heterotrain_e2e::volumes::create_claim(&client, system.sim.state_dir(), ns, "ckpt")
+        .await
+        .map_err(|e| e.to_string())?;
+    let spec = job_with(
+        "own",
+        "dynamic",
+        STATIC_STEPS,
+        "{everySteps: 20, claimName: ckpt}",
+    );
+    system
+        .create_job(ns, &spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    let wait = Duration::from_secs(300);
+    system
+        .wait_job(ns, "own", wait, "step ≥ 60", |j| {
+            j.status.as_ref().is_some_and(|s| s.step >= 60)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let log_path = heterotrain_e2e::nodesim::log_path(system.sim.state_dir(), ns, "own-0");
+    let before = std::fs::read_to_string(&log_path).unwrap_or_default().len();
+    if !system.sim.signal_pod(ns, "own-1", libc::SIGKILL).await {
+        return Err("rank 1's process not found".into());
+    }
+    let done = system
+        .wait_job(ns, "own", wait, "Succeeded", |j| phase(j) == "Succeeded")
+        .await
+        .map_err(|e| e.to_string())?;
+    let st = done.status.clone().unwrap_or_default();
+    if st.restarts != 1 || st.step != u64::from(STATIC_STEPS) {
+        return Err(format!(
+            "restarts {} (want 1), finished at step {}",
+            st.restarts, st.step
+        ));
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let resumed: Vec<u64> = log
+        .get(before.min(log.len())..)
+        .unwrap_or(&log)
+        .lines()
+        .filter(|l| l.contains("resumed from"))
+        .filter_map(|l| l.split("after step ").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect();
+    eprintln!(
+        "own trainer: rank 1 killed after step 60, the new gang resumed after step {resumed:?}"
+    );
+    if resumed.len() != 1 || resumed[0] < 40 || !resumed[0].is_multiple_of(20) {
+        return Err(format!(
+            "rank 0 of the new gang did not resume from a checkpoint of the first (resumed after {resumed:?}):\n{log}"
+        ));
+    }
+    Ok(())
 }
