@@ -34,14 +34,14 @@ them. Each rule says why the operator needs it.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-# each job's trainer Role and RoleBinding `<job>-trainer`: read its own plan ConfigMap only (server-side apply)
+# each job's trainer Role and RoleBinding `<job>-trainer`: read its own plan ConfigMap only (server-side apply; never read, listed or deleted: they go with the job)
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# each job's NetworkPolicy (server-side apply)
+  verbs: ["create", "patch"]
+# each job's NetworkPolicies (server-side apply; deleted when the job turns isolation off)
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
 # the PodGroup of a job with runPolicy.schedulingPolicy where Volcano is installed (server-side apply)
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
