@@ -49,9 +49,10 @@ pub fn volcano_pod_group_crd() -> Result<CustomResourceDefinition> {
     schemaless_crd("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups")
 }
 
-/// Kueue's LocalQueue API (`kueue.x-k8s.io/v1beta1`), without Kueue.
+/// Kueue's LocalQueue API at `kueue.x-k8s.io/v1beta2` (a version newer than
+/// the first the operator knew), without Kueue.
 pub fn kueue_local_queue_crd() -> Result<CustomResourceDefinition> {
-    schemaless_crd("kueue.x-k8s.io", "v1beta1", "LocalQueue", "localqueues")
+    schemaless_crd("kueue.x-k8s.io", "v1beta2", "LocalQueue", "localqueues")
 }
 
 /// Server-side apply `crd` and wait for its `Established` condition.

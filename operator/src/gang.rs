@@ -30,8 +30,12 @@ pub const DISCOVERY_TTL: Duration = Duration::from_secs(30);
 pub const VOLCANO_API: &str = "scheduling.volcano.sh/v1beta1";
 /// scheduler-plugins' (coscheduling) PodGroup API.
 pub const SCHEDULER_PLUGINS_API: &str = "scheduling.x-k8s.io/v1alpha1";
-/// Kueue's API (its LocalQueues admit plain-pod groups).
-pub const KUEUE_API: &str = "kueue.x-k8s.io/v1beta1";
+/// Kueue's API group (its LocalQueues admit plain-pod groups).
+pub const KUEUE_API: &str = "kueue.x-k8s.io";
+/// The Kueue versions that serve LocalQueues, newest first: any of them
+/// means Kueue runs (plain-pod groups need only labels and an annotation,
+/// the same in every version).
+pub const KUEUE_VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1beta1"];
 
 /// Volcano's pod annotation naming the pod's PodGroup.
 pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
@@ -222,7 +226,7 @@ impl Discovery {
         let (volcano, scheduler_plugins, kueue) = futures::try_join!(
             serves(client, VOLCANO_API, "podgroups"),
             serves(client, SCHEDULER_PLUGINS_API, "podgroups"),
-            serves(client, KUEUE_API, "localqueues"),
+            serves_any_kueue(client),
         )?;
         let s = Served {
             volcano,
@@ -234,6 +238,16 @@ impl Discovery {
         }
         Ok(s)
     }
+}
+
+/// Whether some version of Kueue's API serves LocalQueues.
+async fn serves_any_kueue(client: &Client) -> Result<bool> {
+    for version in KUEUE_VERSIONS {
+        if serves(client, &format!("{KUEUE_API}/{version}"), "localqueues").await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Whether `api_version` is served with `resource` in it.
