@@ -160,8 +160,15 @@ async fn run_scope(
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "controller event");
+            match r {
+                // Already logged, with the job, by `error_policy`.
+                Err(e @ kube::runtime::controller::Error::ReconcilerFailed(..)) => {
+                    tracing::debug!(error = %e, "controller event")
+                }
+                // A watch that fails leaves the operator on stale data
+                // until it recovers (the watchers retry with back-off).
+                Err(e) => warn!(error = %e, "watch or queue failed; retrying"),
+                Ok(_) => {}
             }
         })
         .await;

@@ -2,21 +2,32 @@
 //! registry), `/healthz` (alive: fails while leading when the leader Lease
 //! has not been renewed for longer than the lease duration) and `/readyz`
 //! (the CRD was found).
+//!
+//! A client gets [`HEADER_READ_TIMEOUT`] to send its request's headers
+//! (a connection that sends nothing is closed, not held), and at most
+//! [`MAX_CONNECTIONS`] connections are served at once; more wait to be
+//! accepted.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// How long a client may take to send a request's headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
 
 use crate::context::Context;
 use crate::leader::health::healthy;
@@ -64,19 +75,38 @@ pub async fn serve(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_with(listener, ctx, shutdown, HEADER_READ_TIMEOUT).await
+}
+
+/// [`serve`] with another header read timeout.
+pub async fn serve_with(
+    listener: TcpListener,
+    ctx: Arc<Context>,
+    shutdown: impl Future<Output = ()>,
+    header_timeout: Duration,
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => r?,
+        let accepted = async {
+            let permit = slots.clone().acquire_owned().await;
+            (permit, listener.accept().await)
+        };
+        let (permit, accepted) = tokio::select! {
+            r = accepted => r,
             _ = &mut shutdown => return Ok(()),
         };
+        let (stream, _) = accepted?;
         let ctx = ctx.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let resp = route(req.uri().path(), &ctx);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
@@ -88,4 +118,55 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
     let l = TcpListener::bind(addr).await?;
     let a = l.local_addr()?;
     Ok((l, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A context whose client points nowhere (the server never calls it).
+    fn context() -> Arc<Context> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        Context::new(client, Default::default(), crate::metrics::Metrics::new()).expect("context")
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_headers_is_cut_off_and_others_are_served() {
+        let (listener, addr) = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            context(),
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_millis(300),
+        ));
+        // A slow client: connects, sends half a request line, then nothing.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /metr").await.expect("write");
+        // Meanwhile a whole request is answered.
+        let mut ok = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = String::new();
+        ok.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // The slow one is closed by the server (EOF or an error response),
+        // long before the test's own limit.
+        let mut buf = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(30), idle.read_to_end(&mut buf)).await;
+        assert!(
+            closed.is_ok(),
+            "a client that sent no headers was held open"
+        );
+        let _ = stop.send(());
+        server.await.expect("join").expect("serve");
+    }
 }
