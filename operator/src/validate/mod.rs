@@ -4,6 +4,7 @@
 //! of re-checking `metadata` and re-deriving sizes from `spec`.
 
 mod admission;
+mod model_rules;
 mod pod_rules;
 mod rules;
 
