@@ -14,7 +14,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 torch.set_num_threads(1)
@@ -27,8 +26,8 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 import heterotrain  # noqa: E402
-from ddp_worker import model_and_data, optimizer, write_atomic  # noqa: E402
-from loader_worker import Samples  # noqa: E402
+from ddp_worker import model_and_data, optimizer  # noqa: E402
+from loader_worker import Samples, train  # noqa: E402
 
 
 def main(cfg):
@@ -44,18 +43,7 @@ def main(cfg):
     opt = optimizer(model.parameters())
     loader = DataLoader(dataset, batch_sampler=ht.batch_sampler(dataset),
                         num_workers=cfg["workers"], pin_memory=False)
-    log = []
-    for step, (x, y) in ht.steps(loader):
-        log.append({"step": step, "epoch": ht.epoch, "generation": ht.plan.generation,
-                    "sizes": ht.plan.batch_sizes, "indices": ht.local_indices(step),
-                    "rows": int(x.shape[0]), "lookahead": ht.lookahead})
-        opt.zero_grad()
-        loss = ht.scale(F.cross_entropy(model(x), y))
-        loss.backward()
-        opt.step()
-        text = cfg.get("writes", {}).get(str(step))
-        if ht.rank == 0 and text is not None:
-            write_atomic(cfg["plan_file"], text)
+    log = train(ht, model, opt, loader, cfg)
     ht.finish()
     # Every rank gathers the full parameters (a collective); rank 0 saves them.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -56,25 +56,38 @@ def main(cfg):
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         ht.load_state_dict(ckpt["heterotrain"])
+    def checkpoint_and_stop(step):
+        if step != cfg.get("stop_after"):
+            return False
+        if ht.rank == 0:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "heterotrain": ht.state_dict()}, cfg["checkpoint"])
+        return True
+
+    log = train(ht, ddp, opt, loader, cfg, stop=checkpoint_and_stop)
+    ht.finish()
+    finish(cfg, ht, model, {"log": log, "step": ht.step}, save_model=not cfg.get("stop_after"))
+
+
+def train(ht, model, opt, loader, cfg, stop=None):
+    """The user's loop over ``ht.steps(loader)`` with ``ht.scale(loss)``;
+    rank 0 writes the plan file after the steps named in ``writes``; ends
+    after a step for which ``stop(step)`` is true. Returns each step's record."""
     log = []
     for step, (x, y) in ht.steps(loader):
         log.append({"step": step, "epoch": ht.epoch, "generation": ht.plan.generation,
                     "sizes": ht.plan.batch_sizes, "indices": ht.local_indices(step),
                     "rows": int(x.shape[0]), "lookahead": ht.lookahead})
         opt.zero_grad()
-        loss = ht.scale(F.cross_entropy(ddp(x), y))
+        loss = ht.scale(F.cross_entropy(model(x), y))
         loss.backward()
         opt.step()
         text = cfg.get("writes", {}).get(str(step))
         if ht.rank == 0 and text is not None:
             write_atomic(cfg["plan_file"], text)
-        if step == cfg.get("stop_after"):
-            if ht.rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "heterotrain": ht.state_dict()}, cfg["checkpoint"])
+        if stop is not None and stop(step):
             break
-    ht.finish()
-    finish(cfg, ht, model, {"log": log, "step": ht.step}, save_model=not cfg.get("stop_after"))
+    return log
 
 
 def finish(cfg, ht, model, result, save_model=True):

@@ -5,7 +5,6 @@ plain process with B = 32."""
 
 import os
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,16 +20,7 @@ class FSDPTest(tl.OwnDataLoaderTest):
     test_resume_from_a_checkpoint_continues_the_same_run = None
 
     def test_fully_shard_equals_one_process(self):
-        with tempfile.TemporaryDirectory(prefix="ht-fsdp-") as out:
-            codes, logs, consoles = tl.run(out, tl.plan(1, tl.OLD), worker=WORKER,
-                                             writes={"2": tl.plan(2, tl.NEW)})
-            self.assertEqual(codes, [0] * (tl.WORLD + 1), "\n".join(c[-3000:] for c in consoles))
-            self.check_steps(out, logs, range(1, tl.STEPS + 1))
-            diff = tl.max_param_diff(out)
-            print(f"\n  FSDP2 fully_shard + DataLoader(num_workers={tl.WORKERS}): max param diff = {diff:.3e}",
-                  file=sys.stderr)
-            self.assertLess(diff, 1e-5)
-
+        self.check_framework(WORKER, f"FSDP2 fully_shard + DataLoader(num_workers={tl.WORKERS})")
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,7 +5,6 @@ plain process with B = 32."""
 
 import os
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,19 +28,8 @@ class HuggingFaceTest(tl.OwnDataLoaderTest):
             import accelerate  # noqa: F401
         except ImportError:
             self.fail("transformers and accelerate are not installed in this Python: run `make setup`")
-        with tempfile.TemporaryDirectory(prefix="ht-hf-") as out:
-            codes, logs, consoles = tl.run(out, tl.plan(1, tl.OLD), worker=WORKER,
-                                             env={"LOCAL_WORLD_SIZE": tl.WORLD, "GROUP_RANK": 0},
-                                             writes={"2": tl.plan(2, tl.NEW)})
-            self.assertEqual(codes, [0] * (tl.WORLD + 1), "\n".join(c[-3000:] for c in consoles))
-            self.check_steps(out, logs, range(1, tl.STEPS + 1), lookahead=LOOKAHEAD)
-            for r in range(tl.WORLD):
-                self.assertEqual(logs[r]["global_step"], tl.STEPS, "the Trainer ran heterotrain's steps")
-            diff = tl.max_param_diff(out)
-            print(f"\n  HF Trainer + dataloader_num_workers={tl.WORKERS}: max param diff = {diff:.3e}",
-                  file=sys.stderr)
-            self.assertLess(diff, 1e-5)
-
+        self.check_framework(WORKER, f"HF Trainer + dataloader_num_workers={tl.WORKERS}", lookahead=LOOKAHEAD,
+                             env={"LOCAL_WORLD_SIZE": tl.WORLD, "GROUP_RANK": 0}, global_step=True)
 
 if __name__ == "__main__":
     unittest.main()

@@ -6,7 +6,6 @@ plain process with B = 32."""
 
 import os
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,17 +30,8 @@ class LightningTest(tl.OwnDataLoaderTest):
             import lightning  # noqa: F401
         except ImportError:
             self.fail("PyTorch Lightning is not installed in this Python: run `make setup`")
-        with tempfile.TemporaryDirectory(prefix="ht-lightning-") as out:
-            codes, logs, consoles = tl.run(out, tl.plan(1, tl.OLD), worker=WORKER,
-                                             env={"LOCAL_WORLD_SIZE": tl.WORLD, "GROUP_RANK": 0}, writes={"2": tl.plan(2, tl.NEW)})
-            self.assertEqual(codes, [0] * (tl.WORLD + 1), "\n".join(c[-3000:] for c in consoles))
-            self.check_steps(out, logs, range(1, tl.STEPS + 1), lookahead=LOOKAHEAD)
-            for r in range(tl.WORLD):
-                self.assertEqual(logs[r]["global_step"], tl.STEPS, "Lightning ran heterotrain's steps")
-            diff = tl.max_param_diff(out)
-            print(f"\n  Lightning + DataLoader(num_workers={tl.WORKERS}): max param diff = {diff:.3e}", file=sys.stderr)
-            self.assertLess(diff, 1e-5)
-
+        self.check_framework(WORKER, f"Lightning + DataLoader(num_workers={tl.WORKERS})", lookahead=LOOKAHEAD,
+                             env={"LOCAL_WORLD_SIZE": tl.WORLD, "GROUP_RANK": 0}, global_step=True)
 
 if __name__ == "__main__":
     unittest.main()

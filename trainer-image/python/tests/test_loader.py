@@ -82,6 +82,22 @@ class OwnDataLoaderTest(unittest.TestCase):
                 union += e["indices"]
             self.assertEqual(union, ref[step - 1], f"step {step}: the ranks' slices are the one-process batch")
 
+    def check_framework(self, worker, what, lookahead=LOOKAHEAD, env=None, global_step=False):
+        """``worker``'s ranks re-split from OLD to NEW across an epoch end
+        equal one process with B within 1e-5; with ``global_step`` the
+        framework's own step count is the run's."""
+        with tempfile.TemporaryDirectory(prefix="ht-framework-") as out:
+            codes, logs, consoles = run(out, plan(1, OLD), worker=worker, env=env,
+                                        writes={"2": plan(2, NEW)})
+            self.assertEqual(codes, [0] * (WORLD + 1), "\n".join(c[-3000:] for c in consoles))
+            self.check_steps(out, logs, range(1, STEPS + 1), lookahead=lookahead)
+            if global_step:
+                for r in range(WORLD):
+                    self.assertEqual(logs[r]["global_step"], STEPS, f"{what} ran heterotrain's steps")
+            diff = max_param_diff(out)
+            print(f"\n  {what}: max param diff = {diff:.3e}", file=sys.stderr)
+            self.assertLess(diff, 1e-5)
+
     def test_workers_and_a_resplit_across_an_epoch_equal_one_process(self):
         with tempfile.TemporaryDirectory(prefix="ht-loader-") as out:
             codes, logs, consoles = run(out, plan(1, OLD), writes={"2": plan(2, NEW)})
