@@ -312,7 +312,7 @@ exit 3"#;
     )
     .await
     .unwrap();
-    let v = wait_for("prometheus to scrape the pod", Duration::from_secs(60), || async move {
+    let v = wait_for("prometheus to scrape the pod", Duration::from_secs(300), || async move {
         let r = prom.query(r#"heterotrain_test_value{job_name="j",rank="0",group="g",namespace="nodesim",pod="exporter"}"#).unwrap();
         r.first().cloned()
     })
