@@ -312,7 +312,17 @@ exit 3"#;
     )
     .await
     .unwrap();
+    let pods_ref = &pods;
     let v = wait_for("prometheus to scrape the pod", Duration::from_secs(300), || async move {
+        // An exporter that died is never scraped: say so now, with its log.
+        let p = pods_ref.get("exporter").await.unwrap();
+        assert_ne!(
+            phase(&p),
+            "Failed",
+            "the exporter pod failed: {}",
+            std::fs::read_to_string(heterotrain_e2e::nodesim::log_path(sim.state_dir(), ns, "exporter"))
+                .unwrap_or_default()
+        );
         let r = prom.query(r#"heterotrain_test_value{job_name="j",rank="0",group="g",namespace="nodesim",pod="exporter"}"#).unwrap();
         r.first().cloned()
     })

@@ -349,21 +349,32 @@ impl Drop for NodeSimulator {
     }
 }
 
+/// The second octets pod IPs are drawn from: 127.128.x.x to 127.254.x.x.
+/// Below 128 is left to tests that bind loopback addresses of their own
+/// (the operator's tests serve fake ranks on 127.77.x.x): a simulator's
+/// pod on such an address would meet a test's listener — a trainer's
+/// metrics answered by a fake rank, a pod's port already taken.
+pub const POD_IP_OCTETS: std::ops::RangeInclusive<u8> = 128..=254;
+
 /// Second octet of an instance's pod IPs, distinct for every simulator on
 /// this machine at once (test binaries run in parallel): the first free one
-/// of 230, claimed by an exclusive `flock` on a file of its own in the
-/// temporary directory, held by the returned file until the instance ends
-/// (the kernel drops it with the process). Where no lock file can be made,
-/// a prefix from the process id, most likely distinct.
+/// of [`POD_IP_OCTETS`], claimed by an exclusive `flock` on a file of its
+/// own in the temporary directory, held by the returned file until the
+/// instance ends (the kernel drops it with the process). Where no lock file
+/// can be made, a prefix from the process id, most likely distinct.
 fn claim_ip_prefix() -> (u8, Option<std::fs::File>) {
     use std::os::fd::AsRawFd;
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::SeqCst);
     let start = std::process::id().wrapping_mul(7).wrapping_add(n * 53);
-    let prefix = |i: u32| (20 + start.wrapping_add(i) % 230) as u8;
+    let (low, count) = (
+        u32::from(*POD_IP_OCTETS.start()),
+        u32::from(*POD_IP_OCTETS.end() - *POD_IP_OCTETS.start()) + 1,
+    );
+    let prefix = |i: u32| (low + start.wrapping_add(i) % count) as u8;
     let dir = std::env::temp_dir().join("heterotrain-nodesim-ip-prefixes");
     if std::fs::create_dir_all(&dir).is_ok() {
-        for i in 0..230 {
+        for i in 0..count {
             let p = prefix(i);
             let Ok(f) = std::fs::OpenOptions::new()
                 .create(true)
@@ -387,4 +398,23 @@ fn rand_suffix() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     (h.finish() & 0xffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Simulators claimed at once get distinct octets, all inside
+    /// [`POD_IP_OCTETS`] and so never the operator tests' 127.77.x.x.
+    #[test]
+    fn claimed_octets_are_distinct_and_clear_of_the_tests_own_addresses() {
+        let claims: Vec<_> = (0..16).map(|_| claim_ip_prefix()).collect();
+        let octets: std::collections::BTreeSet<u8> = claims.iter().map(|(p, _)| *p).collect();
+        assert_eq!(octets.len(), claims.len(), "{octets:?}");
+        assert!(
+            octets.iter().all(|p| POD_IP_OCTETS.contains(p)),
+            "{octets:?}"
+        );
+        assert!(!POD_IP_OCTETS.contains(&77));
+    }
 }

@@ -434,7 +434,9 @@ pub async fn events(env: &Env) -> Vec<Event> {
         .items
 }
 
-/// Loopback IP of `rank` in this test.
+/// Loopback IP of `rank` in this test: 127.77.x.x, below the octets the
+/// node simulator gives its pods (128 and up), so no simulator of a test
+/// running beside these ever hands a pod this address.
 pub fn rank_ip(env: &Env, rank: u32) -> String {
     format!("127.77.{}.{}", env.net, rank + 1)
 }

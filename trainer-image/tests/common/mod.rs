@@ -29,6 +29,10 @@ pub fn rank_cmd(rank: usize, world: usize, port: u16, args: &[String]) -> Comman
         .env("WORLD_SIZE", world.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
+        // No /metrics unless a test asks (`--metrics-port`): the default,
+        // 0.0.0.0:9400, would take port 9400 on every loopback address and
+        // answer for the simulated nodes' trainers of tests running beside.
+        .env("HT_METRICS_PORT", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
