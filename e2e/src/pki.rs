@@ -11,11 +11,10 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 
-/// The serving certificate's names: loopback, the `kubernetes` Service's
-/// cluster IP and DNS names.
-const SERVER_NAMES: [&str; 7] = [
+/// The serving certificate's names: loopback and the `kubernetes`
+/// Service's DNS names.
+const SERVER_NAMES: [&str; 6] = [
     "127.0.0.1",
-    "10.96.0.1",
     "localhost",
     "kubernetes",
     "kubernetes.default",

@@ -421,7 +421,7 @@ fn defaults_render_operator_trainer_identity_and_dashboard() {
         .iter()
         .any(|c| name(c) == "heterotrain-profile-cache"));
     // The metrics Service selects the operator pod's `metrics` port.
-    let svc = one(&docs, "Service");
+    let svc = metrics_service(&docs);
     assert_eq!(
         svc["spec"]["ports"][0]["targetPort"],
         Value::from("metrics")
@@ -497,7 +497,7 @@ fn monitors_render_only_when_enabled_and_the_api_exists() {
         sm["spec"]["endpoints"][0]["port"],
         Value::from("http-metrics")
     );
-    let svc = one(&docs, "Service");
+    let svc = metrics_service(&docs);
     assert_eq!(svc["spec"]["ports"][0]["name"], Value::from("http-metrics"));
 
     // Disabled: not rendered even with the API.
@@ -573,6 +573,126 @@ fn several_watched_namespaces_each_get_the_trainer_identity() {
     );
 }
 
+fn y(v: serde_json::Value) -> Value {
+    serde_yaml::to_value(v).unwrap()
+}
+
+/// The operator's metrics Service (the webhook has a Service of its own).
+fn metrics_service(docs: &[Value]) -> &Value {
+    let found: Vec<_> = all(docs, "Service")
+        .into_iter()
+        .filter(|s| name(s).ends_with("-operator-metrics"))
+        .collect();
+    assert_eq!(found.len(), 1, "one metrics Service");
+    found[0]
+}
+
+/// The webhook: by default self-signed (the operator told where its
+/// Service, Secret and configuration are; the Secret and configuration
+/// granted by name, without create), with cert-manager a Certificate and
+/// CA injection instead, and nothing when disabled.
+#[test]
+fn webhook_renders_self_signed_cert_manager_or_nothing() {
+    let docs = template(&[]);
+    let cfg = one(&docs, "ValidatingWebhookConfiguration");
+    let cfg_name = name(cfg).to_string();
+    let hook = &cfg["webhooks"][0];
+    assert_eq!(hook["failurePolicy"], "Fail");
+    assert_eq!(hook["sideEffects"], "None");
+    assert_eq!(
+        hook["rules"][0]["resources"],
+        y(serde_json::json!(["heterotrainingjobs"]))
+    );
+    assert_eq!(
+        hook["rules"][0]["operations"],
+        y(serde_json::json!(["CREATE", "UPDATE"]))
+    );
+    let svc_name = hook["clientConfig"]["service"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let svc = all(&docs, "Service")
+        .into_iter()
+        .find(|s| name(s) == svc_name)
+        .expect("the webhook's Service");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    let pod = operator_pod(&docs);
+    let c = &pod.containers[0];
+    assert!(c
+        .ports
+        .iter()
+        .flatten()
+        .any(|p| p.name.as_deref() == Some("webhook") && p.container_port == 9443));
+    let env: std::collections::BTreeMap<String, String> = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect();
+    assert_eq!(env.get("HETEROTRAIN_WEBHOOK_SERVICE"), Some(&svc_name));
+    assert_eq!(
+        env.get("HETEROTRAIN_WEBHOOK_CONFIGURATION"),
+        Some(&cfg_name)
+    );
+    let secret = env
+        .get("HETEROTRAIN_WEBHOOK_SECRET")
+        .expect("the Secret's name");
+    assert!(all(&docs, "Secret").iter().any(|s| name(s) == secret));
+    let by_name = |kind_: &str, verbs: &[&str], resource: &str, object: &str| {
+        all(&docs, kind_).iter().any(|r| {
+            r["rules"].as_sequence().into_iter().flatten().any(|rule| {
+                rule["resources"] == y(serde_json::json!([resource]))
+                    && rule["resourceNames"] == y(serde_json::json!([object]))
+                    && rule["verbs"] == y(serde_json::json!(verbs))
+            })
+        })
+    };
+    assert!(by_name("Role", &["get", "update"], "secrets", secret));
+    assert!(by_name(
+        "ClusterRole",
+        &["get", "update"],
+        "validatingwebhookconfigurations",
+        &cfg_name
+    ));
+
+    let docs = template(&[
+        "--set",
+        "webhook.certManager.enabled=true",
+        "--set",
+        "webhook.failurePolicy=Ignore",
+    ]);
+    let cfg = one(&docs, "ValidatingWebhookConfiguration");
+    assert_eq!(cfg["webhooks"][0]["failurePolicy"], "Ignore");
+    let cert = one(&docs, "Certificate");
+    assert_eq!(
+        cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        Value::from(format!("{NAMESPACE}/{}", name(cert)))
+    );
+    assert!(
+        all(&docs, "Secret").is_empty(),
+        "cert-manager makes the Secret"
+    );
+    assert!(!all(&docs, "ClusterRole")
+        .iter()
+        .any(|r| serde_yaml::to_string(r)
+            .unwrap()
+            .contains("validatingwebhookconfigurations")));
+    let pod = operator_pod(&docs);
+    assert!(pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name == "HETEROTRAIN_WEBHOOK_CERT_DIR"));
+
+    let docs = template(&["--set", "webhook.enabled=false"]);
+    assert!(all(&docs, "ValidatingWebhookConfiguration").is_empty());
+    assert!(!operator_pod(&docs).containers[0]
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name.starts_with("HETEROTRAIN_WEBHOOK")));
+}
+
 #[test]
 fn value_sets_render_what_they_ask_for() {
     let docs = template(&value_sets()[3].1);
@@ -646,7 +766,9 @@ fn value_sets_render_what_they_ask_for() {
     );
     let deploy: Deployment = typed(one(&docs, "Deployment"));
     assert_eq!(deploy.spec.replicas, Some(2));
-    assert!(all(&docs, "Service").is_empty());
+    assert!(!all(&docs, "Service")
+        .iter()
+        .any(|s| name(s).ends_with("-operator-metrics")));
     assert!(!all(&docs, "ConfigMap")
         .iter()
         .any(|c| name(c).ends_with("-dashboard")));

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use heterotrain_e2e::nodesim::NodeSimulator;
 use heterotrain_e2e::system::SystemOptions;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -376,6 +377,23 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         left.extend(names_of!(RoleBinding, &[]));
         left.extend(names_of!(Lease, &[]));
         left.extend(names_of!(NetworkPolicy, &[]));
+        // 1.20 still makes a token Secret for each ServiceAccount.
+        left.extend(
+            names_of!(Secret, &[])
+                .into_iter()
+                .filter(|n| !n.contains("-token-")),
+        );
+    }
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for n in webhooks
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+    {
+        left.push(format!("ValidatingWebhookConfiguration {n}"));
     }
     let crs: Api<ClusterRole> = Api::all(client.clone());
     let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
@@ -418,6 +436,102 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
     bed.stop().await;
 }
 
+fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+/// Each case of `operator/tests/fixtures/invalid.yaml` (one broken rule
+/// each), and an image from outside `operator.allowedImages`, is refused
+/// by the API server through the chart's webhook, naming the rule and a
+/// field; nothing is stored. The valid base job passes (a dry run).
+async fn invalid_specs_are_refused_at_admission(client: &Client) {
+    let jobs = jobs_api(client, JOBS_NS);
+    let base = json!({
+        "workers": [{"name": "cpu", "replicas": 4}],
+        "model": {"name": "mlp"},
+        "dataset": {"name": "synthetic_image"},
+        "training": {"globalBatchSize": 64, "maxSteps": 5}
+    });
+    let job = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "heterotrain.dev/v1alpha1",
+            "kind": "HeteroTrainingJob",
+            "metadata": {"name": name},
+            "spec": spec
+        }))
+        .unwrap()
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    // The caBundle is written once the operator runs: until then the API
+    // server cannot call the webhook (and, failurePolicy Fail, refuses
+    // with a call error rather than the webhook's answer).
+    wait_for("the webhook to answer", Duration::from_secs(120), || {
+        let (jobs, dry, base) = (jobs.clone(), dry.clone(), base.clone());
+        let mut duplicate = base.clone();
+        duplicate["workers"] = json!([{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}]);
+        let bad = job("probe", duplicate);
+        async move {
+            match jobs.create(&dry, &bad).await {
+                Err(kube::Error::Api(e)) if e.message.contains("denied the request") => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    jobs.create(&dry, &job("good", base.clone()))
+        .await
+        .expect("the valid base job is admitted");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../operator/tests/fixtures/invalid.yaml"
+    );
+    let mut cases: Vec<serde_json::Value> =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(cases.len() >= 20, "{} cases", cases.len());
+    cases.push(json!({"expect": "is not from a source this operator allows", "patch": {"image": "evil.example/miner:1"}}));
+    for (i, case) in cases.iter().enumerate() {
+        let mut spec = base.clone();
+        merge(&mut spec, &case["patch"]);
+        let name = format!("bad-{i}");
+        let err = jobs
+            .create(&PostParams::default(), &job(&name, spec))
+            .await
+            .expect_err(&format!("admitted: {case}"));
+        let kube::Error::Api(e) = err else {
+            panic!("not an API refusal for {case}: {err}")
+        };
+        let expect = case["expect"].as_str().unwrap();
+        assert!(
+            e.message.contains("denied the request") && e.message.contains(expect),
+            "case {case}: {}",
+            e.message
+        );
+        assert!(
+            e.message.contains(": spec.") || e.message.contains(": metadata."),
+            "names a field: {}",
+            e.message
+        );
+        assert!(
+            jobs.get_opt(&name).await.unwrap().is_none(),
+            "{name} was stored"
+        );
+    }
+}
+
 /// Real trainers (`target/<profile>/heterotrain-trainer`) under the chart's
 /// trainer ServiceAccount, balanced by the chart's operator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,11 +566,14 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         "operator.scrapeIntervalSeconds=1",
         "--set",
         "operator.rebalanceIntervalSeconds=2",
+        "--set",
+        "operator.allowedImages={ghcr.io/heterotrain}",
         "--wait",
         "--timeout",
         "180s",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
+    invalid_specs_are_refused_at_admission(&client).await;
     let job = json!({
         "apiVersion": "heterotrain.dev/v1alpha1",
         "kind": "HeteroTrainingJob",

@@ -77,6 +77,19 @@ pub struct OperatorConfig {
 }
 
 impl OperatorConfig {
+    /// The admission flags (allow-lists) jobs are checked against, in
+    /// reconcile and in the admission webhook alike.
+    pub fn admission(&self) -> crate::validate::Admission<'_> {
+        crate::validate::Admission {
+            prometheus: crate::validate::PrometheusPolicy {
+                default_url: self.prometheus_url.as_deref(),
+                allowed: &self.allowed_prometheus,
+            },
+            service_accounts: &self.allowed_service_accounts,
+            images: &self.allowed_images,
+        }
+    }
+
     /// Namespaces whose pods may read the ranks' `/metrics`: the operator's,
     /// then `metrics_namespaces`, without repeats.
     pub fn metrics_from(&self) -> Vec<String> {

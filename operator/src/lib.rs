@@ -41,6 +41,7 @@ pub mod scrape;
 pub mod server;
 pub mod status;
 pub mod validate;
+pub mod webhook;
 
 #[cfg(test)]
 mod fuzzing;

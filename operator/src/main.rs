@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use heterotrain_operator::config::{self, MetricsSourceMode};
 use heterotrain_operator::metrics::Metrics;
-use heterotrain_operator::{rbac, server, Context, OperatorConfig};
+use heterotrain_operator::{rbac, server, webhook, Context, OperatorConfig};
 use tracing_subscriber::EnvFilter;
 
 /// HeteroTrain operator: reconciles HeteroTrainingJobs into self-balancing,
@@ -139,6 +139,29 @@ struct Cli {
     /// Address of the /metrics, /healthz, /readyz server.
     #[arg(long, env = "HETEROTRAIN_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
+    /// Serve the validating admission webhook (HTTPS, path /validate) on
+    /// this address; unset: no webhook (reconcile still reports invalid
+    /// specs as a condition).
+    #[arg(long, env = "HETEROTRAIN_WEBHOOK_ADDR")]
+    webhook_addr: Option<SocketAddr>,
+    /// Directory with the webhook's `tls.crt` and `tls.key`, kept by a
+    /// certificate manager (reread when they change). Unset: the operator
+    /// makes a self-signed certificate (needs --webhook-service,
+    /// --webhook-secret and --webhook-configuration).
+    #[arg(long, env = "HETEROTRAIN_WEBHOOK_CERT_DIR")]
+    webhook_cert_dir: Option<std::path::PathBuf>,
+    /// The webhook's Service in the operator's namespace (the self-signed
+    /// certificate's names).
+    #[arg(long, env = "HETEROTRAIN_WEBHOOK_SERVICE")]
+    webhook_service: Option<String>,
+    /// Secret in the operator's namespace that keeps the self-signed
+    /// certificate (shared by replicas; the chart creates it empty).
+    #[arg(long, env = "HETEROTRAIN_WEBHOOK_SECRET")]
+    webhook_secret: Option<String>,
+    /// ValidatingWebhookConfiguration whose caBundle the operator fills
+    /// with its self-signed CA.
+    #[arg(long, env = "HETEROTRAIN_WEBHOOK_CONFIGURATION")]
+    webhook_configuration: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +171,30 @@ enum Cmd {
 }
 
 /// A list flag's entries, trimmed, blanks dropped.
+/// The webhook's options from the flags, or why they do not fit together.
+fn webhook_options(cli: &Cli) -> anyhow::Result<Option<webhook::Options>> {
+    let Some(addr) = cli.webhook_addr else {
+        return Ok(None);
+    };
+    let certs = match &cli.webhook_cert_dir {
+        Some(dir) => webhook::CertSource::Files(dir.clone()),
+        None => {
+            let need = |v: &Option<String>, flag: &str| {
+                v.clone().filter(|s| !s.is_empty()).with_context(|| {
+                    format!("--webhook-addr without --webhook-cert-dir makes a self-signed certificate and needs --{flag}")
+                })
+            };
+            webhook::CertSource::SelfSigned {
+                namespace: cli.operator_namespace.clone(),
+                service: need(&cli.webhook_service, "webhook-service")?,
+                secret: need(&cli.webhook_secret, "webhook-secret")?,
+                configuration: need(&cli.webhook_configuration, "webhook-configuration")?,
+            }
+        }
+    };
+    Ok(Some(webhook::Options { addr, certs }))
+}
+
 fn nonblank(list: Vec<String>) -> Vec<String> {
     list.into_iter()
         .map(|s| s.trim().to_string())
@@ -195,6 +242,7 @@ async fn run() -> anyhow::Result<()> {
         std::env::var("HOSTNAME")
             .unwrap_or_else(|_| format!("heterotrain-operator-{}", std::process::id()))
     });
+    let webhook = webhook_options(&cli)?;
     let config = OperatorConfig {
         trainer_image: cli.trainer_image,
         metrics_namespaces: cli.metrics_namespaces,
@@ -232,6 +280,17 @@ async fn run() -> anyhow::Result<()> {
         .await
         .context("binding the HTTP server")?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    if let Some(opts) = webhook {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = webhook::run(ctx, opts).await {
+                // Without its webhook the operator would look healthy while
+                // every apply fails (failurePolicy Fail) or goes unchecked.
+                tracing::error!(error = %format!("{e:#}"), "the admission webhook stopped");
+                std::process::exit(1);
+            }
+        });
+    }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let http = tokio::spawn(server::serve(listener, ctx.clone(), {
         let mut rx = rx.clone();

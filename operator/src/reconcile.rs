@@ -78,14 +78,7 @@ async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action>
         }
         None => job,
     };
-    let admission = validate::Admission {
-        prometheus: validate::PrometheusPolicy {
-            default_url: ctx.config.prometheus_url.as_deref(),
-            allowed: &ctx.config.allowed_prometheus,
-        },
-        service_accounts: &ctx.config.allowed_service_accounts,
-        images: &ctx.config.allowed_images,
-    };
+    let admission = ctx.config.admission();
     let v = match validate::check(job, admission)? {
         Checked::Valid(v) => v,
         Checked::Invalid {

@@ -80,3 +80,8 @@ matchLabels:
 matchExpressions:
   - {key: heterotrain.dev/job, operator: Exists}
 {{- end }}
+
+{{/* The ValidatingWebhookConfiguration (cluster-scoped: one per release namespace). */}}
+{{- define "heterotrain.webhook.configurationName" -}}
+{{- printf "%s-%s" (include "heterotrain.fullname" .) .Release.Namespace | trunc 253 -}}
+{{- end }}

@@ -123,7 +123,11 @@ impl LocalCluster {
                 format!("--service-account-signing-key-file={}", f("sa.key")),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 "--api-audiences=https://kubernetes.default.svc.cluster.local".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                // Loopback ClusterIPs, which the node simulator listens on.
+                format!(
+                    "--service-cluster-ip-range=127.{}.0.0/16",
+                    self.service_octet
+                ),
                 format!("--cert-dir={}", f("apiserver-certs")),
                 "--profiling=false".into(),
                 format!("--audit-policy-file={}", policy.display()),

@@ -75,6 +75,10 @@ pub struct LocalCluster {
     ports: Ports,
     admin_token: String,
     components: Mutex<Vec<Component>>,
+    /// Second octet of the Service range, `127.<octet>.0.0/16`, held
+    /// (with its lock file) while the control plane lives.
+    service_octet: u8,
+    _service_octet_lock: Option<std::fs::File>,
 }
 
 fn wait_port(port: u16, timeout: Duration) -> bool {
@@ -127,12 +131,18 @@ impl LocalCluster {
             pki.join("tokens.csv"),
             format!("{admin_token},heterotrain-admin,heterotrain-admin,\"system:masters\"\n"),
         )?;
+        let (service_octet, service_octet_lock) = crate::nodesim::claim_octet(
+            crate::nodesim::SERVICE_IP_OCTETS,
+            "heterotrain-service-ranges",
+        );
         let cluster = LocalCluster {
             state_dir,
             keep_state: opts.keep_state,
             ports,
             admin_token,
             components: Mutex::new(Vec::new()),
+            service_octet,
+            _service_octet_lock: service_octet_lock,
         };
         std::fs::write(
             cluster.kubeconfig_path(),

@@ -18,6 +18,7 @@ pub mod mounts;
 pub mod netpol;
 pub mod node;
 pub mod pod;
+pub mod services;
 pub mod status;
 pub mod targets;
 mod watch;
@@ -181,6 +182,7 @@ impl NodeSimulator {
         let w = ctx.clone();
         tasks.push(tokio::spawn(async move { watch::watch_pods(w).await }));
         // Policies change without pods changing: re-read them every second.
+        tasks.push(tokio::spawn(services::proxy_services(client.clone())));
         let np = ctx.clone();
         tasks.push(tokio::spawn(async move {
             loop {
@@ -350,32 +352,44 @@ impl Drop for NodeSimulator {
 }
 
 /// The second octets pod IPs are drawn from: 127.128.x.x to 127.254.x.x.
-/// Below 128 is left to tests that bind loopback addresses of their own
-/// (the operator's tests serve fake ranks on 127.77.x.x): a simulator's
-/// pod on such an address would meet a test's listener — a trainer's
-/// metrics answered by a fake rank, a pod's port already taken.
+/// Below 128 is left to Service IPs ([`SERVICE_IP_OCTETS`]) and to tests
+/// that bind loopback addresses of their own (the operator's tests serve
+/// fake ranks on 127.77.x.x): a simulator's pod on such an address would
+/// meet a test's listener — a trainer's metrics answered by a fake rank, a
+/// pod's port already taken.
 pub const POD_IP_OCTETS: std::ops::RangeInclusive<u8> = 128..=254;
 
+/// The second octets of the local control planes' Service ranges
+/// (`127.<octet>.0.0/16`, one per control plane running at once): their
+/// ClusterIPs are loopback addresses the node simulator listens on
+/// ([`services`]).
+pub const SERVICE_IP_OCTETS: std::ops::RangeInclusive<u8> = 96..=127;
+
 /// Second octet of an instance's pod IPs, distinct for every simulator on
-/// this machine at once (test binaries run in parallel): the first free one
-/// of [`POD_IP_OCTETS`], claimed by an exclusive `flock` on a file of its
-/// own in the temporary directory, held by the returned file until the
-/// instance ends (the kernel drops it with the process). Where no lock file
-/// can be made, a prefix from the process id, most likely distinct.
+/// this machine at once (test binaries run in parallel): see [`claim_octet`].
 fn claim_ip_prefix() -> (u8, Option<std::fs::File>) {
+    claim_octet(POD_IP_OCTETS, "heterotrain-nodesim-ip-prefixes")
+}
+
+/// The first free octet of `octets`, distinct for every claimant on this
+/// machine at once: claimed by an exclusive `flock` on a file of its own
+/// under `dir` in the temporary directory, held by the returned file until
+/// the claimant ends (the kernel drops it with the process). Where no lock
+/// file can be made, an octet from the process id, most likely distinct.
+pub fn claim_octet(octets: std::ops::RangeInclusive<u8>, dir: &str) -> (u8, Option<std::fs::File>) {
     use std::os::fd::AsRawFd;
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::SeqCst);
     let start = std::process::id().wrapping_mul(7).wrapping_add(n * 53);
     let (low, count) = (
-        u32::from(*POD_IP_OCTETS.start()),
-        u32::from(*POD_IP_OCTETS.end() - *POD_IP_OCTETS.start()) + 1,
+        u32::from(*octets.start()),
+        u32::from(*octets.end() - *octets.start()) + 1,
     );
-    let prefix = |i: u32| (low + start.wrapping_add(i) % count) as u8;
-    let dir = std::env::temp_dir().join("heterotrain-nodesim-ip-prefixes");
+    let octet = |i: u32| (low + start.wrapping_add(i) % count) as u8;
+    let dir = std::env::temp_dir().join(dir);
     if std::fs::create_dir_all(&dir).is_ok() {
         for i in 0..count {
-            let p = prefix(i);
+            let p = octet(i);
             let Ok(f) = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -390,7 +404,7 @@ fn claim_ip_prefix() -> (u8, Option<std::fs::File>) {
             }
         }
     }
-    (prefix(0), None)
+    (octet(0), None)
 }
 
 fn rand_suffix() -> u32 {
@@ -416,5 +430,7 @@ mod tests {
             "{octets:?}"
         );
         assert!(!POD_IP_OCTETS.contains(&77));
+        assert!(!SERVICE_IP_OCTETS.contains(&77));
+        assert!(POD_IP_OCTETS.start() > SERVICE_IP_OCTETS.end());
     }
 }

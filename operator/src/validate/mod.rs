@@ -49,6 +49,21 @@ pub enum Checked<'a> {
     },
 }
 
+/// Every problem of job `name`'s `spec`: the spec's rules and the
+/// operator's [`Admission`] flags. The one check that both reconcile
+/// ([`check`]) and the admission webhook run.
+pub fn problems(
+    name: &str,
+    spec: &HeteroTrainingJobSpec,
+    admission: Admission<'_>,
+) -> Vec<Problem> {
+    let mut problems = validate(name, spec, admission.prometheus.default_url)
+        .err()
+        .unwrap_or_default();
+    problems.extend(admission.problems(spec));
+    problems
+}
+
 /// Validate `job` against the rules and the operator's [`Admission`] flags.
 /// A missing namespace or UID (which the API server always sets) is an
 /// error, not a verdict on the spec.
@@ -57,10 +72,7 @@ pub fn check<'a>(job: &'a HeteroTrainingJob, admission: Admission<'_>) -> Result
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let name = job.name_any();
-    let mut problems = validate(&name, &job.spec, admission.prometheus.default_url)
-        .err()
-        .unwrap_or_default();
-    problems.extend(admission.problems(&job.spec));
+    let problems = problems(&name, &job.spec, admission);
     if !problems.is_empty() {
         return Ok(Checked::Invalid {
             namespace,
