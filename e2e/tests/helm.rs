@@ -716,6 +716,20 @@ fn value_sets_render_what_they_ask_for() {
         "{args:?}"
     );
     assert!(
+        args.contains(&"--allow-secret=s3-creds,wandb".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--no-custom-command".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        !args_of(&operator_pod(&template(&[])))
+            .iter()
+            .any(|a| a.starts_with("--allow-secret") || a == "--no-custom-command"),
+        "by default: any Secret, commands allowed"
+    );
+    assert!(
         args.contains(&"--allow-service-account=heterotrain-trainer".to_string()),
         "{args:?}"
     );

@@ -452,7 +452,8 @@ fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
 }
 
 /// Each case of `operator/tests/fixtures/invalid.yaml` (one broken rule
-/// each), and an image from outside `operator.allowedImages`, is refused
+/// each), an image from outside `operator.allowedImages` and a Secret from
+/// outside `operator.allowedSecrets`, is refused
 /// by the API server through the chart's webhook, naming the rule and a
 /// field; nothing is stored. The valid base job passes (a dry run).
 async fn invalid_specs_are_refused_at_admission(client: &Client) {
@@ -503,6 +504,8 @@ async fn invalid_specs_are_refused_at_admission(client: &Client) {
         serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(cases.len() >= 20, "{} cases", cases.len());
     cases.push(json!({"expect": "is not from a source this operator allows", "patch": {"image": "evil.example/miner:1"}}));
+    cases.push(json!({"expect": "Secret \"db-admin\" is not one this operator lets jobs read",
+        "patch": {"workers": [{"name": "cpu", "replicas": 4, "envFrom": [{"secretRef": {"name": "db-admin"}}]}]}}));
     for (i, case) in cases.iter().enumerate() {
         let mut spec = base.clone();
         merge(&mut spec, &case["patch"]);
@@ -568,6 +571,8 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         "operator.rebalanceIntervalSeconds=2",
         "--set",
         "operator.allowedImages={ghcr.io/heterotrain}",
+        "--set",
+        "operator.allowedSecrets={s3-creds}",
         "--wait",
         "--timeout",
         "180s",

@@ -54,6 +54,10 @@ pub struct OperatorConfig {
     pub allowed_service_accounts: Vec<String>,
     /// Image prefixes a job's images must start with (empty: any).
     pub allowed_images: Vec<String>,
+    /// `--allow-secret`: Secrets jobs may read (empty or `*`: any).
+    pub allowed_secrets: Vec<String>,
+    /// `--no-custom-command`: refuse jobs with a `command` of their own.
+    pub no_custom_command: bool,
     /// Only watch these namespaces, one watcher each (all namespaces when
     /// empty).
     pub watch_namespaces: Vec<String>,
@@ -87,6 +91,8 @@ impl OperatorConfig {
             },
             service_accounts: &self.allowed_service_accounts,
             images: &self.allowed_images,
+            secrets: &self.allowed_secrets,
+            no_custom_command: self.no_custom_command,
         }
     }
 
@@ -162,6 +168,8 @@ impl Default for OperatorConfig {
             allowed_prometheus: Vec::new(),
             allowed_service_accounts: Vec::new(),
             allowed_images: Vec::new(),
+            allowed_secrets: Vec::new(),
+            no_custom_command: false,
             watch_namespaces: Vec::new(),
             operator_namespace: "heterotrain-system".into(),
             metrics_namespaces: Vec::new(),

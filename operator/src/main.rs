@@ -76,6 +76,19 @@ struct Cli {
         value_delimiter = ','
     )]
     allowed_images: Vec<String>,
+    /// Secrets of its namespace a job may read through env, envFrom or
+    /// volumes (comma-separated names; `*` or unset: any). Creating a job
+    /// should not grant more than creating its pods would.
+    #[arg(
+        long = "allow-secret",
+        env = "HETEROTRAIN_ALLOW_SECRETS",
+        value_delimiter = ','
+    )]
+    allowed_secrets: Vec<String>,
+    /// Refuse jobs that run a command of their own: only the built-in
+    /// trainer runs.
+    #[arg(long, env = "HETEROTRAIN_NO_CUSTOM_COMMAND")]
+    no_custom_command: bool,
     /// Seconds between metric reads of a running job.
     #[arg(long, env = "HETEROTRAIN_SCRAPE_INTERVAL", default_value_t = 10.0)]
     scrape_interval: f64,
@@ -266,6 +279,8 @@ async fn run() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?,
         allowed_service_accounts: nonblank(cli.allowed_service_accounts),
         allowed_images: nonblank(cli.allowed_images),
+        allowed_secrets: nonblank(cli.allowed_secrets),
+        no_custom_command: cli.no_custom_command,
         watch_namespaces: config::watch_namespaces(&cli.namespaces).map_err(anyhow::Error::msg)?,
         operator_namespace: cli.operator_namespace,
         profile_cache: !cli.no_profile_cache,

@@ -18,6 +18,12 @@ pub struct Admission<'a> {
     /// `--allow-image`: image prefixes (a registry, a repository) a job's or
     /// group's `image` must start with; empty: any.
     pub images: &'a [String],
+    /// `--allow-secret`: the Secrets of its namespace a job may read through
+    /// `env`, `envFrom` or `volumes` (`*`: any); empty: any.
+    pub secrets: &'a [String],
+    /// `--no-custom-command`: jobs must run the built-in trainer (no
+    /// `command` of their own).
+    pub no_custom_command: bool,
 }
 
 impl Admission<'_> {
@@ -58,8 +64,89 @@ impl Admission<'_> {
                 });
             }
         }
+        out.extend(self.secret_problems(spec));
+        if self.no_custom_command {
+            let commands = std::iter::once(("spec.command".to_string(), &spec.command)).chain(
+                spec.workers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| (format!("spec.workers[{i}].command"), &g.command)),
+            );
+            for (field, command) in commands.filter(|(_, c)| !c.is_empty()) {
+                out.push(Problem {
+                    field,
+                    message: "this operator runs only its built-in trainer (--no-custom-command, chart: operator.allowCustomCommands=false); remove the command".into(),
+                });
+            }
+        }
         out
     }
+
+    /// Secrets `spec` reads that [`Admission::secrets`] does not list.
+    fn secret_problems(&self, spec: &HeteroTrainingJobSpec) -> Vec<Problem> {
+        if self.secrets.is_empty() || self.secrets.iter().any(|s| s == "*") {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, g) in spec.workers.iter().enumerate() {
+            for (field, name) in secrets_read(g) {
+                if !self.secrets.iter().any(|s| *s == name) {
+                    out.push(Problem {
+                        field: format!("spec.workers[{i}].{field}"),
+                        message: format!(
+                            "Secret {name:?} is not one this operator lets jobs read (allowed: {}); use one of them, or ask the operator's administrator to add it to --allow-secret (chart: operator.allowedSecrets)",
+                            self.secrets.join(", ")
+                        ),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `(field path within the group, Secret name)` for every Secret group `g`
+/// reads: `env[].valueFrom.secretKeyRef`, `envFrom[].secretRef`, and
+/// `volumes[]` of kind `secret` or `projected` with secret sources.
+/// (`imagePullSecrets` are the kubelet's, never the trainer's, and are not
+/// listed.)
+pub fn secrets_read(g: &heterotrain_crds::WorkerGroup) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (j, e) in g.env.iter().enumerate() {
+        if let Some(r) = e
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+        {
+            out.push((
+                format!("env[{j}].valueFrom.secretKeyRef.name"),
+                r.name.clone(),
+            ));
+        }
+    }
+    for (j, e) in g.env_from.iter().enumerate() {
+        if let Some(r) = &e.secret_ref {
+            out.push((format!("envFrom[{j}].secretRef.name"), r.name.clone()));
+        }
+    }
+    for (j, v) in g.volumes.iter().enumerate() {
+        if let Some(s) = &v.secret {
+            out.push((
+                format!("volumes[{j}].secret.secretName"),
+                s.secret_name.clone().unwrap_or_default(),
+            ));
+        }
+        let sources = v.projected.as_ref().and_then(|p| p.sources.as_ref());
+        for (k, src) in sources.into_iter().flatten().enumerate() {
+            if let Some(s) = &src.secret {
+                out.push((
+                    format!("volumes[{j}].projected.sources[{k}].secret.name"),
+                    s.name.clone(),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Whether `image` starts with `prefix` at a boundary: the whole image, or

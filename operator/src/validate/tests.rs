@@ -675,3 +675,67 @@ fn model_sizes_below_the_schemas_minimums_are_refused_without_panicking() {
         );
     }
 }
+
+#[test]
+fn secrets_read_and_commands_are_what_the_operator_allows() {
+    let spec = |patch: serde_json::Value| {
+        let mut v = base();
+        merge(&mut v["spec"], &patch);
+        serde_json::from_value::<HeteroTrainingJob>(v)
+            .expect("job")
+            .spec
+    };
+    let reads_secrets = spec(serde_json::json!({
+        "workers": [{"name": "cpu", "replicas": 4,
+            "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "k"}}},
+                    {"name": "B", "value": "plain"}],
+            "envFrom": [{"secretRef": {"name": "wandb"}}, {"configMapRef": {"name": "cm"}}],
+            "volumes": [{"name": "v", "secret": {"secretName": "db-admin"}},
+                        {"name": "p", "projected": {"sources": [{"secret": {"name": "kubeconfig"}}]}}],
+            "imagePullSecrets": [{"name": "regcred"}]}]
+    }));
+    let allowed = vec!["s3-creds".to_string(), "wandb".to_string()];
+    let a = Admission {
+        secrets: &allowed,
+        ..Default::default()
+    };
+    let fields: Vec<String> = a
+        .problems(&reads_secrets)
+        .into_iter()
+        .map(|p| p.field)
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.workers[0].volumes[0].secret.secretName",
+            "spec.workers[0].volumes[1].projected.sources[0].secret.name"
+        ]
+    );
+    let msg = &a.problems(&reads_secrets)[0].message;
+    assert!(
+        msg.contains("\"db-admin\"") && msg.contains("--allow-secret"),
+        "{msg}"
+    );
+    // Unset or `*`: any Secret.
+    assert!(Admission::default().problems(&reads_secrets).is_empty());
+    let any = vec!["*".to_string()];
+    let a = Admission {
+        secrets: &any,
+        ..Default::default()
+    };
+    assert!(a.problems(&reads_secrets).is_empty());
+
+    // Commands: refused per field when the operator runs only its own trainer.
+    let own = spec(serde_json::json!({
+        "command": ["python", "/app/train.py"],
+        "workers": [{"name": "cpu", "replicas": 2}, {"name": "gpu", "replicas": 2, "command": ["torchrun"]}]
+    }));
+    let a = Admission {
+        no_custom_command: true,
+        ..Default::default()
+    };
+    let fields: Vec<String> = a.problems(&own).into_iter().map(|p| p.field).collect();
+    assert_eq!(fields, ["spec.command", "spec.workers[1].command"]);
+    assert!(Admission::default().problems(&own).is_empty());
+    assert!(a.problems(&spec(serde_json::json!({}))).is_empty());
+}
