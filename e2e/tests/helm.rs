@@ -884,6 +884,10 @@ fn alert_rules_pass_promtool_and_render_as_a_prometheus_rule() {
     registry.entered("ns", "Failed");
     registry.restarted("ns", 1);
     registry.error("kube");
+    registry
+        .watch_errors
+        .get_or_create(&heterotrain_operator::metrics::ResourceLabel { resource: "pods" })
+        .inc();
     let operator = registry.encode();
     let trainer = [
         heterotrain_crds::metrics::COMPUTE_SECONDS_TOTAL,
@@ -913,7 +917,7 @@ fn alert_rules_pass_promtool_and_render_as_a_prometheus_rule() {
         .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
         .filter_map(|r| r["alert"].as_str())
         .collect();
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
     for a in alerts {
         assert!(readme.contains(&format!("| `{a}` |")), "no runbook for {a}");
     }

@@ -74,6 +74,8 @@ pub struct OperatorConfig {
     pub lease_name: String,
     /// A Lease not renewed for this long may be taken over.
     pub lease_duration: Duration,
+    /// `/readyz` fails while a watch has been failing longer than this.
+    pub watch_unready_after: Duration,
     /// How often the leader renews (and a standby retries).
     pub lease_renew_interval: Duration,
     /// How long to wait for the CRD at start before giving up.
@@ -177,6 +179,7 @@ impl Default for OperatorConfig {
             identity: "heterotrain-operator".into(),
             lease_name: "heterotrain-operator".into(),
             lease_duration: Duration::from_secs(15),
+            watch_unready_after: Duration::from_secs(60),
             lease_renew_interval: Duration::from_secs(5),
             crd_wait: Duration::from_secs(60),
         }

@@ -49,6 +49,8 @@ pub struct Context {
     pub lease: LeaseHealth,
     /// The CRD was found (for `/readyz`).
     pub ready: AtomicBool,
+    /// Which watches are failing, since when (for `/readyz`).
+    pub watch_health: crate::watch_health::WatchHealth,
 }
 
 impl Context {
@@ -82,6 +84,7 @@ impl Context {
             refusals: Mutex::new(HashMap::new()),
             written: WrittenStatus::default(),
             ready: AtomicBool::new(false),
+            watch_health: Default::default(),
         }))
     }
 

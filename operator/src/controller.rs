@@ -135,19 +135,31 @@ async fn run_scope(
     let pods = Arc::new(PodCache::default());
     let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
     ctx.children.register(ns.clone(), pods.clone(), configmaps);
+    let scope = ns.clone().unwrap_or_else(|| "*".into());
     let pod_events = watcher(api!(Pod), owned.clone())
         .default_backoff()
+        .inspect(health(&ctx, "pods", &scope))
         .inspect_ok(move |e| pods.apply(e))
         .touched_objects();
     let cm_events = watcher(api!(ConfigMap), owned.clone())
         .default_backoff()
+        .inspect(health(&ctx, "configmaps", &scope))
         .modify(crate::children::slim_configmap)
         .reflect(cm_writer)
         .touched_objects();
+    // The jobs' own watch, built here (not by the Controller) so that its
+    // failures are seen too.
+    let job_writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+    let job_store = job_writer.as_reader();
+    let job_events = watcher(jobs, watcher::Config::default())
+        .default_backoff()
+        .inspect(health(&ctx, "heterotrainingjobs", &scope))
+        .reflect(job_writer)
+        .applied_objects();
     // A finished metrics read wakes its job (`rebalance::collect`).
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
     ctx.collector.register(ns.clone(), ar.clone(), wake_tx);
-    Controller::new_with(jobs, watcher::Config::default(), ar)
+    Controller::for_stream_with(job_events, job_store, ar)
         .with_config(
             kube::runtime::controller::Config::default()
                 .concurrency(ctx.config.concurrency)
@@ -172,6 +184,28 @@ async fn run_scope(
             }
         })
         .await;
+}
+
+/// Note each event or error of the `resource` watch over `scope` in the
+/// context's [`WatchHealth`](crate::watch_health::WatchHealth), and count
+/// errors.
+fn health<T>(
+    ctx: &Arc<Context>,
+    resource: &'static str,
+    scope: &str,
+) -> impl FnMut(&Result<T, watcher::Error>) {
+    let (ctx, name) = (ctx.clone(), format!("{resource} ({scope})"));
+    move |r| {
+        ctx.watch_health
+            .observe(&name, r.is_ok(), std::time::Instant::now());
+        if let Err(e) = r {
+            ctx.metrics
+                .watch_errors
+                .get_or_create(&crate::metrics::ResourceLabel { resource })
+                .inc();
+            warn!(watch = %name, error = %e, "watch failed; retrying with back-off");
+        }
+    }
 }
 
 /// Run the operator: wait for the CRD, then reconcile while holding the

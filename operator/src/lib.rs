@@ -41,6 +41,7 @@ pub mod scrape;
 pub mod server;
 pub mod status;
 pub mod validate;
+pub mod watch_health;
 pub mod webhook;
 
 #[cfg(test)]

@@ -149,6 +149,10 @@ struct Cli {
     /// Disable the profile cache.
     #[arg(long, env = "HETEROTRAIN_NO_PROFILE_CACHE")]
     no_profile_cache: bool,
+    /// /readyz fails while a watch (jobs, pods, ConfigMaps) has been failing
+    /// for longer than this many seconds: the operator works from stale data.
+    #[arg(long, env = "HETEROTRAIN_WATCH_UNREADY_AFTER", default_value_t = 60.0)]
+    watch_unready_after: f64,
     /// Address of the /metrics, /healthz, /readyz server.
     #[arg(long, env = "HETEROTRAIN_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
@@ -269,6 +273,7 @@ async fn run() -> anyhow::Result<()> {
             cli.concurrency
         },
         debounce: secs_or_zero(cli.debounce, "debounce")?,
+        watch_unready_after: secs(cli.watch_unready_after, "watch-unready-after")?,
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
         prometheus_auth: heterotrain_operator::scrape::PrometheusAuth {

@@ -38,6 +38,11 @@ pub struct NamespaceLabel {
 
 /// Label set of the per-stage reconcile histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabel {
     pub stage: &'static str,
 }
@@ -69,6 +74,9 @@ pub struct Metrics {
     pub rebalances: Family<PolicyLabel, Counter>,
     pub plan_propagation: Histogram,
     pub scrape_failures: Counter,
+    /// Errors of the operator's watches (each retried with back-off), by
+    /// watched resource.
+    pub watch_errors: Family<ResourceLabel, Counter>,
     pub leader: Gauge,
     /// Jobs entering a phase, by namespace (bounded: namespaces × 5).
     pub phase_transitions: Family<NamespacePhaseLabel, Counter>,
@@ -138,6 +146,13 @@ impl Metrics {
                 "Rank metrics that could not be read",
                 None,
                 Counter::default(),
+            ),
+            watch_errors: add(
+                reg,
+                "watch_errors",
+                "Errors of the operator's watches (retried with back-off), by resource",
+                None,
+                Family::default(),
             ),
             leader: add(
                 reg,

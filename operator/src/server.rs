@@ -1,7 +1,8 @@
 //! The small HTTP server: `/metrics` (OpenMetrics text of the operator's
 //! registry), `/healthz` (alive: fails while leading when the leader Lease
 //! has not been renewed for longer than the lease duration) and `/readyz`
-//! (the CRD was found).
+//! (the CRD was found, and no watch has been failing for longer than
+//! `--watch-unready-after`).
 //!
 //! A client gets [`HEADER_READ_TIMEOUT`] to send its request's headers
 //! (a connection that sends nothing is closed, not held), and at most
@@ -58,7 +59,20 @@ pub fn route(path: &str, ctx: &Context) -> Response<Full<Bytes>> {
             _ => respond(StatusCode::OK, "text/plain", "ok\n".into()),
         },
         "/readyz" if ctx.ready.load(Ordering::SeqCst) => {
-            respond(StatusCode::OK, "text/plain", "ok\n".into())
+            match ctx
+                .watch_health
+                .stale(ctx.config.watch_unready_after, Instant::now())
+            {
+                Some((watch, d)) => respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!(
+                        "the {watch} watch has been failing for {:.0}s: working from stale data\n",
+                        d.as_secs_f64()
+                    ),
+                ),
+                None => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+            }
         }
         "/readyz" => respond(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -72,7 +72,7 @@ impl Admission<'_> {
                     .enumerate()
                     .map(|(i, g)| (format!("spec.workers[{i}].command"), &g.command)),
             );
-            for (field, command) in commands.filter(|(_, c)| !c.is_empty()) {
+            for (field, _) in commands.filter(|(_, c)| !c.is_empty()) {
                 out.push(Problem {
                     field,
                     message: "this operator runs only its built-in trainer (--no-custom-command, chart: operator.allowCustomCommands=false); remove the command".into(),
@@ -90,7 +90,7 @@ impl Admission<'_> {
         let mut out = Vec::new();
         for (i, g) in spec.workers.iter().enumerate() {
             for (field, name) in secrets_read(g) {
-                if !self.secrets.iter().any(|s| *s == name) {
+                if !self.secrets.contains(&name) {
                     out.push(Problem {
                         field: format!("spec.workers[{i}].{field}"),
                         message: format!(

@@ -185,6 +185,15 @@ pub async fn env(ns: &str) -> Env {
 
 /// A client authenticating as ServiceAccount `ns`/`sa` (an hour's token).
 pub async fn token_client(admin: &Client, ns: &str, sa: &str) -> Client {
+    let token = sa_token(admin, ns, sa).await;
+    cluster()
+        .client_for_token(&token)
+        .await
+        .expect("token client")
+}
+
+/// An hour's token of ServiceAccount `ns`/`sa`.
+pub async fn sa_token(admin: &Client, ns: &str, sa: &str) -> String {
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let tr = sas
         .create_token_request(
@@ -202,11 +211,7 @@ pub async fn token_client(admin: &Client, ns: &str, sa: &str) -> Client {
         )
         .await
         .expect("token request");
-    let token = tr.status.and_then(|s| s.token).expect("token");
-    cluster()
-        .client_for_token(&token)
-        .await
-        .expect("token client")
+    tr.status.and_then(|s| s.token).expect("token")
 }
 
 /// The chart's namespaced mode, by hand: ServiceAccount `sa` in `home.ns`
