@@ -188,6 +188,67 @@ impl Subject<'_> {
         self.case(false, what, verb, gr, ns, name);
     }
 
+    /// The webhook's self-signed certificate, the same in both modes: its
+    /// own Secret and its own webhook configuration by name (get, update),
+    /// nothing else of either kind, nothing created.
+    fn webhook_fence(&mut self, sys: &str, full: &str) {
+        let secret = format!("{full}-webhook-tls");
+        let config = format!("{full}-{sys}");
+        for verb in ["get", "update"] {
+            self.can(
+                "its certificate Secret",
+                verb,
+                SECRETS,
+                Some(sys),
+                Some(&secret),
+            );
+            self.can(
+                "its webhook configuration",
+                verb,
+                WEBHOOKS,
+                None,
+                Some(&config),
+            );
+        }
+        self.cannot(
+            "read another Secret of its namespace",
+            "get",
+            SECRETS,
+            Some(sys),
+            Some("db-admin"),
+        );
+        self.cannot(
+            "read a Secret of a watched namespace",
+            "get",
+            SECRETS,
+            Some("team-a"),
+            Some("s3-creds"),
+        );
+        self.cannot("list Secrets", "list", SECRETS, Some(sys), None);
+        self.cannot("create Secrets", "create", SECRETS, Some(sys), None);
+        self.cannot(
+            "update another webhook configuration",
+            "update",
+            WEBHOOKS,
+            None,
+            Some("other-webhook"),
+        );
+        self.cannot(
+            "create webhook configurations",
+            "create",
+            WEBHOOKS,
+            None,
+            None,
+        );
+        self.cannot(
+            "delete its webhook configuration",
+            "delete",
+            WEBHOOKS,
+            None,
+            Some(&config),
+        );
+    }
+
     /// The operator's Lease fence, the same in both modes: its own Lease by
     /// name (get, update) and no other — none in kube-system, none created.
     fn lease_fence(&mut self, sys: &str) {
@@ -240,6 +301,11 @@ impl Subject<'_> {
 }
 
 const PODS: (&str, &str) = ("", "pods");
+const SECRETS: (&str, &str) = ("", "secrets");
+const WEBHOOKS: (&str, &str) = (
+    "admissionregistration.k8s.io",
+    "validatingwebhookconfigurations",
+);
 const CONFIGMAPS: (&str, &str) = ("", "configmaps");
 const LEASES: (&str, &str) = ("coordination.k8s.io", "leases");
 const JOBS: (&str, &str) = ("heterotrain.dev", "heterotrainingjobs");
@@ -354,6 +420,7 @@ fn namespaced_operator_cases(cases: &mut Vec<Case>) {
         );
     }
     op.lease_fence(sys);
+    op.webhook_fence(sys, NS_OPERATOR);
     op.can(
         "get the profile cache",
         "get",
@@ -497,6 +564,7 @@ fn cluster_wide_operator_cases(cases: &mut Vec<Case>) {
         None,
     );
     op.lease_fence(sys);
+    op.webhook_fence(sys, WIDE_OPERATOR);
     op.can("get a node", "get", NODES, None, Some("node-1"));
 
     op.cannot("list Leases of every namespace", "list", LEASES, None, None);
