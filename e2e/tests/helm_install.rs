@@ -247,20 +247,51 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         matches!(tpods.list(&ListParams::default()).await, Err(kube::Error::Api(ref s)) if s.code == 403)
     );
 
-    // The operator serves /metrics on its pod IP, as the leader.
+    // The operator serves /metrics on its pod IP, as the leader, only to a
+    // token allowed to read it (operator.metricsAuth, the default): none
+    // is refused; Prometheus' ServiceAccount bound to the chart's
+    // metrics-reader ClusterRole is served.
     let ip = op_pod
         .status
         .and_then(|s| s.pod_ip)
         .expect("operator pod IP");
+    let refused = http_get(&format!("{ip}:8080"), "/metrics").expect_err("served without a token");
+    assert!(refused.contains("401"), "{refused}");
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let prom: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "prometheus"}})).unwrap();
+    sas.create(&PostParams::default(), &prom).await.unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-reads-heterotrain"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ht-heterotrain-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": SYSTEM_NS}]
+    }))
+    .unwrap();
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
+    crbs.create(&PostParams::default(), &binding).await.unwrap();
+    let token = sas
+        .create_token_request("prometheus", &PostParams::default(), &Default::default())
+        .await
+        .expect("token for prometheus")
+        .status
+        .and_then(|s| s.token)
+        .expect("token");
+    let auth = format!("Authorization: Bearer {token}\r\n");
     let metrics = wait_for("operator /metrics", Duration::from_secs(30), || {
-        let ip = ip.clone();
+        let (ip, auth) = (ip.clone(), auth.clone());
         async move {
-            let body = http_get(&format!("{ip}:8080"), "/metrics").ok()?;
+            let body = http_get_with(&format!("{ip}:8080"), "/metrics", &auth).ok()?;
             body.contains("heterotrain_operator_reconciles_total")
                 .then_some(body)
         }
     })
     .await;
+    crbs.delete("prometheus-reads-heterotrain", &DeleteParams::default())
+        .await
+        .unwrap();
+    sas.delete("prometheus", &DeleteParams::default())
+        .await
+        .unwrap();
     assert!(
         metrics.contains("heterotrain_operator_leader 1"),
         "{metrics}"

@@ -76,6 +76,9 @@ pub struct OperatorConfig {
     pub lease_duration: Duration,
     /// `/readyz` fails while a watch has been failing longer than this.
     pub watch_unready_after: Duration,
+    /// `/metrics` only for bearer tokens allowed `get /metrics`
+    /// (TokenReview + SubjectAccessReview).
+    pub metrics_auth: bool,
     /// How often the leader renews (and a standby retries).
     pub lease_renew_interval: Duration,
     /// How long to wait for the CRD at start before giving up.
@@ -180,6 +183,7 @@ impl Default for OperatorConfig {
             lease_name: "heterotrain-operator".into(),
             lease_duration: Duration::from_secs(15),
             watch_unready_after: Duration::from_secs(60),
+            metrics_auth: false,
             lease_renew_interval: Duration::from_secs(5),
             crd_wait: Duration::from_secs(60),
         }

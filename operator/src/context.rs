@@ -51,6 +51,11 @@ pub struct Context {
     pub ready: AtomicBool,
     /// Which watches are failing, since when (for `/readyz`).
     pub watch_health: crate::watch_health::WatchHealth,
+    /// Who may read `/metrics` (`None`: anyone who reaches the port).
+    pub metrics_auth: Option<crate::metrics_auth::MetricsAuth>,
+    /// The admission webhook is configured but not serving yet (no
+    /// certificate, or its CA not yet in the webhook configuration).
+    pub webhook_pending: AtomicBool,
 }
 
 impl Context {
@@ -68,6 +73,9 @@ impl Context {
                 instance: Some(config.identity.clone()),
             },
         );
+        let metrics_auth = config
+            .metrics_auth
+            .then(|| crate::metrics_auth::MetricsAuth::new(client.clone()));
         Ok(Arc::new(Context {
             lease: LeaseHealth::new(config.lease_duration),
             scraper: Scraper::with_prometheus_auth(config.scrape_timeout, &config.prometheus_auth)?
@@ -85,6 +93,8 @@ impl Context {
             written: WrittenStatus::default(),
             ready: AtomicBool::new(false),
             watch_health: Default::default(),
+            metrics_auth,
+            webhook_pending: AtomicBool::new(false),
         }))
     }
 

@@ -30,6 +30,7 @@ pub mod guard;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod names;
 pub mod plan;
 pub mod profile_cache;

@@ -153,6 +153,12 @@ struct Cli {
     /// for longer than this many seconds: the operator works from stale data.
     #[arg(long, env = "HETEROTRAIN_WATCH_UNREADY_AFTER", default_value_t = 60.0)]
     watch_unready_after: f64,
+    /// Serve /metrics only to bearer tokens allowed `get` on the
+    /// non-resource URL /metrics (checked with a TokenReview and a
+    /// SubjectAccessReview; needs `create` on both). /healthz and /readyz
+    /// stay open.
+    #[arg(long, env = "HETEROTRAIN_METRICS_AUTH")]
+    metrics_auth: bool,
     /// Address of the /metrics, /healthz, /readyz server.
     #[arg(long, env = "HETEROTRAIN_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
@@ -274,6 +280,7 @@ async fn run() -> anyhow::Result<()> {
         },
         debounce: secs_or_zero(cli.debounce, "debounce")?,
         watch_unready_after: secs(cli.watch_unready_after, "watch-unready-after")?,
+        metrics_auth: cli.metrics_auth,
         metrics_source: cli.metrics_source,
         prometheus_url: cli.prometheus_url,
         prometheus_auth: heterotrain_operator::scrape::PrometheusAuth {
@@ -301,6 +308,8 @@ async fn run() -> anyhow::Result<()> {
         .context("binding the HTTP server")?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     if let Some(opts) = webhook {
+        ctx.webhook_pending
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let ctx = ctx.clone();
         tokio::spawn(async move {
             if let Err(e) = webhook::run(ctx, opts).await {

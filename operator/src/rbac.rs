@@ -122,7 +122,7 @@ pub const NAMESPACED_RULES: &[Rule] = &[
     },
 ];
 
-/// Cluster-scoped rules (reads only).
+/// Cluster-scoped rules: reads, and the two reviews of `/metrics` tokens.
 pub const CLUSTER_RULES: &[Rule] = &[
     Rule {
         api_group: "apiextensions.k8s.io",
@@ -137,6 +137,20 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resource_names: &[],
         verbs: &["get"],
         why: "the accelerator label of the node a rank ran on (profile-cache key)",
+    },
+    Rule {
+        api_group: "authentication.k8s.io",
+        resources: &["tokenreviews"],
+        resource_names: &[],
+        verbs: &["create"],
+        why: "check the bearer token of a /metrics request (--metrics-auth)",
+    },
+    Rule {
+        api_group: "authorization.k8s.io",
+        resources: &["subjectaccessreviews"],
+        resource_names: &[],
+        verbs: &["create"],
+        why: "check that the token's user may get /metrics (--metrics-auth)",
     },
 ];
 

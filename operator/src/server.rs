@@ -1,8 +1,8 @@
 //! The small HTTP server: `/metrics` (OpenMetrics text of the operator's
 //! registry), `/healthz` (alive: fails while leading when the leader Lease
 //! has not been renewed for longer than the lease duration) and `/readyz`
-//! (the CRD was found, and no watch has been failing for longer than
-//! `--watch-unready-after`).
+//! (the CRD was found, the admission webhook serves when configured, and
+//! no watch has been failing for longer than `--watch-unready-after`).
 //!
 //! A client gets [`HEADER_READ_TIMEOUT`] to send its request's headers
 //! (a connection that sends nothing is closed, not held), and at most
@@ -58,6 +58,11 @@ pub fn route(path: &str, ctx: &Context) -> Response<Full<Bytes>> {
             ),
             _ => respond(StatusCode::OK, "text/plain", "ok\n".into()),
         },
+        "/readyz" if ctx.webhook_pending.load(Ordering::SeqCst) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the admission webhook is not serving yet\n".into(),
+        ),
         "/readyz" if ctx.ready.load(Ordering::SeqCst) => {
             match ctx
                 .watch_health
@@ -81,6 +86,33 @@ pub fn route(path: &str, ctx: &Context) -> Response<Full<Bytes>> {
         ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
+}
+
+/// Answer `req`: [`route`], after the bearer token check for `/metrics`
+/// when the operator has one ([`crate::metrics_auth`]).
+pub async fn answer<B>(req: &Request<B>, ctx: &Context) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if let (Some(auth), "/metrics") = (&ctx.metrics_auth, path) {
+        let header = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match auth.check(header).await {
+            Ok(()) => {}
+            Err(crate::metrics_auth::Refusal::Unauthenticated(why)) => {
+                let mut r = respond(StatusCode::UNAUTHORIZED, "text/plain", format!("{why}\n"));
+                r.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    hyper::header::HeaderValue::from_static("Bearer"),
+                );
+                return r;
+            }
+            Err(crate::metrics_auth::Refusal::Forbidden(why)) => {
+                return respond(StatusCode::FORBIDDEN, "text/plain", format!("{why}\n"))
+            }
+        }
+    }
+    route(path, ctx)
 }
 
 /// Serve on `listener` until `shutdown` resolves.
@@ -115,8 +147,8 @@ pub async fn serve_with(
         tokio::spawn(async move {
             let _permit = permit;
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let resp = route(req.uri().path(), &ctx);
-                async move { Ok::<_, Infallible>(resp) }
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(answer(&req, &ctx).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -52,7 +52,7 @@ them. Each rule says why the operator needs it.
   verbs: ["get", "create", "patch"]
 {{- end }}
 
-{{/* Cluster-scoped rules: reads only. */}}
+{{/* Cluster-scoped rules: reads, and the reviews of /metrics tokens. */}}
 {{- define "heterotrain.operator.clusterRules" -}}
 # wait at start until the HeteroTrainingJob CRD is established
 - apiGroups: ["apiextensions.k8s.io"]
@@ -62,6 +62,14 @@ them. Each rule says why the operator needs it.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get"]
+# check the bearer token of a /metrics request (--metrics-auth)
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+# check that the token's user may get /metrics (--metrics-auth)
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* The operator's own Lease (pre-created by operator-state.yaml): no create. */}}

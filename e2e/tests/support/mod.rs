@@ -210,13 +210,18 @@ pub fn value_sets() -> Vec<(&'static str, Vec<&'static str>)> {
 
 /// Plain HTTP/1.1 GET of `path` on `addr` (`ip:port`); the body on 200.
 pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    http_get_with(addr, path, "")
+}
+
+/// [`http_get`] with extra header lines (each ending in `\r\n`).
+pub fn http_get_with(addr: &str, path: &str, headers: &str) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();

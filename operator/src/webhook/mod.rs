@@ -50,7 +50,8 @@ pub struct Options {
 
 /// Get the certificate (retrying a few times: the API server may be
 /// starting too), then serve reviews on `opts.addr` until the process
-/// ends, keeping the certificate and the caBundle current.
+/// ends, keeping the certificate and the caBundle current. `/readyz` fails
+/// until the webhook serves with a certificate the API server trusts.
 pub async fn run(ctx: Arc<Context>, opts: Options) -> Result<()> {
     let listener = TcpListener::bind(opts.addr)
         .await
@@ -101,23 +102,36 @@ pub async fn run(ctx: Arc<Context>, opts: Options) -> Result<()> {
                 }
             };
             certs.set(&pem.cert, &pem.key)?;
+            // Ready (for `/readyz`) once the API server can trust us; then
+            // keep the caBundle there.
+            let mut tries = 0;
+            while let Err(e) = certs::ensure_ca_bundle(&ctx.client, &configuration, &pem.ca).await {
+                if tries >= 5 {
+                    return Err(e);
+                }
+                tries += 1;
+                tracing::warn!(error = %format!("{e:#}"), "webhook: writing the caBundle; retrying");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
             let client = ctx.client.clone();
             tokio::spawn(async move {
                 loop {
+                    tokio::time::sleep(REFRESH).await;
                     match certs::ensure_ca_bundle(&client, &configuration, &pem.ca).await {
                         Ok(true) => {
-                            tracing::info!(configuration = %configuration, "webhook: wrote the caBundle")
+                            tracing::info!(configuration = %configuration, "webhook: wrote the caBundle again")
                         }
                         Ok(false) => {}
                         Err(e) => {
                             tracing::warn!(error = %format!("{e:#}"), "webhook: the caBundle")
                         }
                     }
-                    tokio::time::sleep(REFRESH).await;
                 }
             });
         }
     }
     tracing::info!(addr = %opts.addr, path = serve::PATH, "serving the admission webhook");
+    ctx.webhook_pending
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     serve::serve(listener, certs, ctx).await
 }
