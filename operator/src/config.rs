@@ -26,6 +26,8 @@ pub struct OperatorConfig {
     /// Largest `/metrics` (or Prometheus answer) body read, in bytes; a
     /// larger one is cut off and counts as no metrics for that round.
     pub scrape_max_body_bytes: usize,
+    /// Most bytes of rank bodies read at once, over every job.
+    pub scrape_max_total_bytes: usize,
     /// Least time between two balancing decisions of one job: a floor on top
     /// of the job's `loadBalancing.rebalanceIntervalSteps` (a decision needs
     /// both), checked at each scrape.
@@ -163,6 +165,7 @@ impl Default for OperatorConfig {
             scrape_interval: Duration::from_secs(10),
             scrape_timeout: Duration::from_secs(3),
             scrape_max_body_bytes: crate::scrape::DEFAULT_MAX_BODY_BYTES,
+            scrape_max_total_bytes: crate::scrape::DEFAULT_MAX_TOTAL_BYTES,
             rebalance_interval: Duration::from_secs(30),
             concurrency: 1,
             debounce: Duration::ZERO,

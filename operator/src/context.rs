@@ -79,7 +79,8 @@ impl Context {
         Ok(Arc::new(Context {
             lease: LeaseHealth::new(config.lease_duration),
             scraper: Scraper::with_prometheus_auth(config.scrape_timeout, &config.prometheus_auth)?
-                .with_max_body(config.scrape_max_body_bytes),
+                .with_max_body(config.scrape_max_body_bytes)
+                .with_max_total(config.scrape_max_total_bytes),
             client,
             config,
             metrics,

@@ -99,6 +99,10 @@ struct Cli {
     /// cut off and that rank has no metrics this round).
     #[arg(long, env = "HETEROTRAIN_SCRAPE_MAX_BYTES", default_value_t = heterotrain_operator::scrape::DEFAULT_MAX_BODY_BYTES)]
     scrape_max_bytes: usize,
+    /// Most bytes of rank /metrics bodies held at once, over all jobs:
+    /// scrapes beyond it wait their turn (at least one body's worth).
+    #[arg(long, env = "HETEROTRAIN_SCRAPE_MAX_TOTAL_BYTES", default_value_t = heterotrain_operator::scrape::DEFAULT_MAX_TOTAL_BYTES)]
+    scrape_max_total_bytes: usize,
     /// Least seconds between two balancing decisions of one job: a floor on
     /// top of each job's loadBalancing.rebalanceIntervalSteps (a job's plan is
     /// reconsidered once it has trained that many steps AND this long has
@@ -272,6 +276,7 @@ async fn run() -> anyhow::Result<()> {
         scrape_interval: secs(cli.scrape_interval, "scrape-interval")?,
         scrape_timeout: secs(cli.scrape_timeout, "scrape-timeout")?,
         scrape_max_body_bytes: cli.scrape_max_bytes,
+        scrape_max_total_bytes: cli.scrape_max_total_bytes,
         rebalance_interval: secs(cli.rebalance_interval, "rebalance-interval")?,
         concurrency: if cli.concurrency == 0 {
             anyhow::bail!("--concurrency must be at least 1")

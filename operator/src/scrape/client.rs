@@ -19,6 +19,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use super::{
     group_by_rank, parse_exposition, parse_prometheus_vector, percent_encode, RankMetrics,
@@ -27,6 +28,8 @@ use crate::error::{Error, Result};
 
 /// Default limit on one response body: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+/// Default limit on the bodies read at once, over every job: 64 MiB.
+pub const DEFAULT_MAX_TOTAL_BYTES: usize = 64 << 20;
 
 /// A small HTTP client for scrapes and Prometheus queries.
 #[derive(Clone)]
@@ -34,6 +37,10 @@ pub struct Scraper {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     timeout: Duration,
     max_body: usize,
+    /// Scrapes in flight at once, each able to hold up to `max_body`
+    /// bytes: the total budget over `max_body` (shared by the clones, so by
+    /// every job).
+    slots: Arc<Semaphore>,
     /// File holding the bearer token sent with Prometheus queries.
     prometheus_token_file: Option<PathBuf>,
 }
@@ -143,6 +150,9 @@ impl Scraper {
             client: Client::builder(TokioExecutor::new()).build(connector),
             timeout,
             max_body: DEFAULT_MAX_BODY_BYTES,
+            slots: Arc::new(Semaphore::new(
+                DEFAULT_MAX_TOTAL_BYTES / DEFAULT_MAX_BODY_BYTES,
+            )),
             prometheus_token_file: token,
         }
     }
@@ -150,6 +160,17 @@ impl Scraper {
     /// The same client with another body-size limit, in bytes.
     pub fn with_max_body(self, max_body: usize) -> Scraper {
         Scraper { max_body, ..self }
+    }
+
+    /// The same client with another limit on the bytes of all bodies read
+    /// at once (at least one body's worth): scrapes beyond it wait their
+    /// turn. Call after [`Scraper::with_max_body`].
+    pub fn with_max_total(self, total: usize) -> Scraper {
+        let n = (total / self.max_body.max(1)).max(1);
+        Scraper {
+            slots: Arc::new(Semaphore::new(n)),
+            ..self
+        }
     }
 
     /// GET `url` and return the body as text (2xx only); fails with
@@ -206,6 +227,8 @@ impl Scraper {
             ip.to_string()
         };
         let url = format!("http://{host}:{port}/metrics");
+        // A turn within the byte budget; the scrape's timeout starts after.
+        let _turn = self.slots.acquire().await;
         let text = self.get_text(&url).await?;
         let series = parse_exposition(&text).map_err(|e| Error::Scrape {
             target: url,

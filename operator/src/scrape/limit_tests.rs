@@ -162,3 +162,61 @@ async fn one_bad_rank_does_not_hold_up_the_others() {
     );
     assert!(matches!(&r[3], Err(Error::Scrape { message, .. }) if message.contains("no IP")));
 }
+
+/// 64 ranks answering bodies just under the 1 MiB limit, with a 4 MiB
+/// budget: every rank is read, and never more than 4 bodies at once (the
+/// ranks count the requests they are answering at the same time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bodies_read_at_once_stay_within_the_budget() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut body = "# padding to just under the limit\n".repeat((900 << 10) / 34);
+    body.push_str("heterotrain_local_batch_size 16\n");
+    let body = Arc::new(body);
+    let mut port = 0;
+    for i in 1..=64u8 {
+        let l = TcpListener::bind((format!("127.0.9.{i}").as_str(), port))
+            .await
+            .expect("bind");
+        port = l.local_addr().expect("addr").port();
+        let (now, most, body) = (now.clone(), most.clone(), body.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let (now, most, body) = (now.clone(), most.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let _ = s.write_all(body.as_bytes()).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+    }
+    let scraper = Scraper::new(Duration::from_secs(60))
+        .expect("client")
+        .with_max_body(1 << 20)
+        .with_max_total(4 << 20);
+    let targets: Vec<Option<String>> = (1..=64).map(|i| Some(format!("127.0.9.{i}"))).collect();
+    let r = scraper.scrape_pods(&targets, port).await;
+    for (rank, m) in r.iter().enumerate() {
+        assert_eq!(
+            m.as_ref().map(|m| m.local_batch).ok().flatten(),
+            Some(16),
+            "rank {rank}: {m:?}"
+        );
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!((1..=4).contains(&most), "{most} bodies at once");
+}

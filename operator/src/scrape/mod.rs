@@ -9,7 +9,7 @@ mod client;
 mod exposition;
 mod prometheus;
 
-pub use client::{PrometheusAuth, Scraper, DEFAULT_MAX_BODY_BYTES};
+pub use client::{PrometheusAuth, Scraper, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TOTAL_BYTES};
 pub use exposition::parse_exposition;
 pub use prometheus::{group_by_rank, parse_prometheus_vector, percent_encode};
 
