@@ -13,9 +13,16 @@ use crate::validate::{self, Admission, Problem};
 /// Phases in which a gang's pods run with the spec's fixed sections.
 const RUNNING_PHASES: [&str; 1] = ["Running"];
 
-/// Answer the `AdmissionReview` in `body`. A body that is not one gets an
-/// `invalid` answer (the API server then applies the failure policy).
-pub fn review(body: &[u8], admission: Admission<'_>) -> AdmissionReview<DynamicObject> {
+/// Answer the `AdmissionReview` in `body` for an operator watching
+/// `watched` namespaces (empty: all). A job in a namespace it does not
+/// watch is another release's business and passes. A body that is not a
+/// review gets an `invalid` answer (the API server then applies the
+/// failure policy).
+pub fn review(
+    body: &[u8],
+    admission: Admission<'_>,
+    watched: &[String],
+) -> AdmissionReview<DynamicObject> {
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
@@ -29,6 +36,13 @@ pub fn review(body: &[u8], admission: Admission<'_>) -> AdmissionReview<DynamicO
         }
     };
     let response = AdmissionResponse::from(&request);
+    let ours = match &request.namespace {
+        Some(ns) => watched.is_empty() || watched.contains(ns),
+        None => true,
+    };
+    if !ours {
+        return response.into_review();
+    }
     let problems = decide(&request, admission);
     if problems.is_empty() {
         response.into_review()

@@ -98,7 +98,7 @@ async fn answer(req: Request<Incoming>, ctx: &Context) -> Response<Full<Bytes>> 
             )
         }
     };
-    let review = super::review::review(&body, ctx.config.admission());
+    let review = super::review::review(&body, ctx.config.admission(), &ctx.config.watch_namespaces);
     match serde_json::to_vec(&review) {
         Ok(json) => respond(StatusCode::OK, "application/json", json),
         Err(e) => respond(

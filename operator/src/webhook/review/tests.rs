@@ -45,7 +45,7 @@ fn request(operation: &str, object: Value, old: Option<Value>) -> Vec<u8> {
 }
 
 fn answer(body: &[u8], admission: Admission<'_>) -> Value {
-    let v = serde_json::to_value(review(body, admission)).unwrap();
+    let v = serde_json::to_value(review(body, admission, &[])).unwrap();
     assert_eq!(v["response"]["uid"], "req-1", "{v}");
     v["response"].clone()
 }
@@ -167,7 +167,7 @@ fn what_is_not_a_review_is_answered_invalid() {
         &b"{"[..],
         b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"}",
     ] {
-        let v = serde_json::to_value(review(body, Admission::default())).unwrap();
+        let v = serde_json::to_value(review(body, Admission::default(), &[])).unwrap();
         assert_eq!(v["response"]["allowed"], false, "{v}");
     }
 }
@@ -185,4 +185,17 @@ fn a_spec_of_the_wrong_shape_is_refused_not_panicked_on() {
             .contains("does not read as a HeteroTrainingJob"),
         "{r}"
     );
+}
+
+#[test]
+fn a_job_in_a_namespace_the_operator_does_not_watch_is_left_to_its_own_release() {
+    let body = request("CREATE", job(spec(16), None), None);
+    let judged = |watched: &[String]| {
+        serde_json::to_value(review(&body, Admission::default(), watched)).unwrap()["response"]
+            ["allowed"]
+            .clone()
+    };
+    assert_eq!(judged(&["ns".to_string()]), false);
+    assert_eq!(judged(&[]), false, "watching every namespace");
+    assert_eq!(judged(&["team-b".to_string()]), true);
 }
