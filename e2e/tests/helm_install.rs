@@ -88,6 +88,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
     }
     let install = install.unwrap();
     assert!(install.contains("STATUS: deployed"), "{install}");
+    wait_for_webhook(&client, JOBS_NS).await;
     assert!(
         install.contains("kubectl heterotrain"),
         "NOTES tell the next step: {install}"
@@ -508,22 +509,7 @@ async fn invalid_specs_are_refused_at_admission(client: &Client) {
         dry_run: true,
         ..Default::default()
     };
-    // The caBundle is written once the operator runs: until then the API
-    // server cannot call the webhook (and, failurePolicy Fail, refuses
-    // with a call error rather than the webhook's answer).
-    wait_for("the webhook to answer", Duration::from_secs(120), || {
-        let (jobs, dry, base) = (jobs.clone(), dry.clone(), base.clone());
-        let mut duplicate = base.clone();
-        duplicate["workers"] = json!([{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}]);
-        let bad = job("probe", duplicate);
-        async move {
-            match jobs.create(&dry, &bad).await {
-                Err(kube::Error::Api(e)) if e.message.contains("denied the request") => Some(()),
-                _ => None,
-            }
-        }
-    })
-    .await;
+    wait_for_webhook(client, JOBS_NS).await;
     jobs.create(&dry, &job("good", base.clone()))
         .await
         .expect("the valid base job is admitted");

@@ -85,6 +85,7 @@ async fn every_dashboard_panel_has_data_while_a_job_balances_from_prometheus() {
         "180s",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_webhook(&client, NS).await;
 
     // Two ranks on nodes of different speed; the operator reads their
     // metrics from Prometheus only.

@@ -80,3 +80,45 @@ pub async fn dump_namespaces(client: &Client, sim: &NodeSimulator, namespaces: &
     }
     out
 }
+
+/// After a chart install: wait until the API server reaches the chart's
+/// admission webhook and trusts its certificate (the operator writes the
+/// CA, and the API server picks it up a moment later), that is until a dry
+/// run of a job breaking a rule in `ns` is refused by the webhook itself
+/// rather than by a failed call.
+#[allow(dead_code)]
+pub async fn wait_for_webhook(client: &Client, ns: &str) {
+    let jobs = jobs_api(client, ns);
+    let bad: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": "webhook-probe"},
+        "spec": {
+            "workers": [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}],
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic_image"},
+            "training": {"globalBatchSize": 64, "maxSteps": 5}
+        }
+    }))
+    .expect("probe job");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for(
+        "the admission webhook to answer",
+        Duration::from_secs(120),
+        || {
+            let (jobs, bad, dry) = (jobs.clone(), bad.clone(), dry.clone());
+            async move {
+                match jobs.create(&dry, &bad).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("denied the request") => {
+                        Some(())
+                    }
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+}
