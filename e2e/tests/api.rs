@@ -110,22 +110,6 @@ fn invalid_cases() -> Vec<(&'static str, serde_json::Value, &'static str)> {
     ]
 }
 
-/// RFC 7386 merge patch, enough for building the invalid jobs.
-fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    b.remove(k);
-                } else {
-                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_examples_and_invalid_jobs() {
     // The control plane and the CRD: no nodes, no operator.

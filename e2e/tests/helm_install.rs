@@ -416,43 +416,24 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
                 .filter(|n| !n.contains("-token-")),
         );
     }
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    for n in webhooks
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|o| o.metadata.name)
-    {
-        left.push(format!("ValidatingWebhookConfiguration {n}"));
+    // Cluster-scoped: the release's webhook configuration and roles.
+    macro_rules! cluster_names_of {
+        ($t:ty) => {{
+            let api: Api<$t> = Api::all(client.clone());
+            api.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .filter(|n| n.contains("heterotrain"))
+                .map(|n| format!("{} {n}", stringify!($t)))
+                .collect::<Vec<_>>()
+        }};
     }
-    let crs: Api<ClusterRole> = Api::all(client.clone());
-    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
-    for n in crs
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|o| o.metadata.name)
-    {
-        if n.contains("heterotrain") {
-            left.push(format!("ClusterRole {n}"));
-        }
-    }
-    for n in crbs
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|o| o.metadata.name)
-    {
-        if n.contains("heterotrain") {
-            left.push(format!("ClusterRoleBinding {n}"));
-        }
-    }
+    left.extend(cluster_names_of!(ValidatingWebhookConfiguration));
+    left.extend(cluster_names_of!(ClusterRole));
+    left.extend(cluster_names_of!(ClusterRoleBinding));
     assert!(
         left.is_empty(),
         "helm uninstall left objects behind: {left:#?}"
@@ -466,21 +447,6 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         .is_some());
 
     bed.stop().await;
-}
-
-fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    b.remove(k);
-                } else {
-                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
 }
 
 /// Each case of `operator/tests/fixtures/invalid.yaml` (one broken rule

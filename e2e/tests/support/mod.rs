@@ -354,3 +354,20 @@ pub const SHORT_RUN: &str = r#"  model: {name: mlp, hidden: 32, layers: 1}
   profiling: {enabled: false}
   checkpoint: {everySteps: 0}
 "#;
+
+/// RFC 7386 merge patch of `patch` into `base`, enough for building the
+/// invalid jobs of `operator/tests/fixtures/invalid.yaml`.
+pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
