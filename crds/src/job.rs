@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
     Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyEgressRule;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -148,12 +149,20 @@ pub struct IsolationSpec {
     /// them (the job reports a `NetworkIsolated=False` warning condition).
     #[serde(default = "default_true")]
     pub network_policy: bool,
+    /// Further destinations every rank may reach, as NetworkPolicy egress
+    /// rules (`to`: `ipBlock`, `namespaceSelector`, `podSelector`; `ports`),
+    /// added to the job's policy: an S3 endpoint, an experiment tracker, a
+    /// package mirror. An empty `to` means any destination on the listed
+    /// ports. Needs `networkPolicy: true`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<NetworkPolicyEgressRule>,
 }
 
 impl Default for IsolationSpec {
     fn default() -> Self {
         IsolationSpec {
             network_policy: true,
+            egress: Vec::new(),
         }
     }
 }

@@ -100,7 +100,7 @@ pub enum GangScheduler {
     /// The first whose API the cluster serves, in this order: Volcano
     /// (`scheduling.volcano.sh/v1beta1` PodGroup), scheduler-plugins
     /// (`scheduling.x-k8s.io/v1alpha1` PodGroup), Kueue
-    /// (`kueue.x-k8s.io/v1beta1`, only with `queue` set). None served: no
+    /// (`kueue.x-k8s.io` at v1, v1beta2 or v1beta1, only with `queue` set). None served: no
     /// wiring, and a `GangSchedulerMissing` warning Event.
     #[default]
     Auto,

@@ -556,12 +556,16 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         "operator.allowedImages={ghcr.io/heterotrain}",
         "--set",
         "operator.allowedSecrets={s3-creds}",
+        // The chart's policy for the operator, beside each job's own.
+        "--set",
+        "networkPolicy.enabled=true",
         "--wait",
         "--timeout",
         "180s",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
     invalid_specs_are_refused_at_admission(&client).await;
+    egress_is_listed_and_c10d_stays_closed(&client, sim).await;
     let job = json!({
         "apiVersion": "heterotrain.dev/v1alpha1",
         "kind": "HeteroTrainingJob",
@@ -633,4 +637,125 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
     ])
     .unwrap_or_else(|e| panic!("{e}"));
     bed.stop().await;
+}
+
+/// A job whose ranks serve its store port (an HTTP server as the command)
+/// and list one endpoint in `isolation.egress`, with the chart's own
+/// NetworkPolicy on: its rank 0 reaches that endpoint and is refused at
+/// another, its rank 1 reaches rank 0's store port, and a pod of another
+/// job in the namespace (copying the job-name label) is refused there.
+/// The job is deleted afterwards.
+async fn egress_is_listed_and_c10d_stays_closed(client: &Client, sim: &NodeSimulator) {
+    let listed = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let unlisted = tokio::net::TcpListener::bind("127.0.0.3:0").await.unwrap();
+    let (listed_port, unlisted_port) = (
+        listed.local_addr().unwrap().port(),
+        unlisted.local_addr().unwrap().port(),
+    );
+    let job = json!({
+        "apiVersion": "heterotrain.dev/v1alpha1",
+        "kind": "HeteroTrainingJob",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "workers": [{"name": "g", "replicas": 2}],
+            "command": ["python3", "-m", "http.server", "--bind", "$(POD_IP)", "29500"],
+            "training": {"globalBatchSize": 2, "maxSteps": 1},
+            "isolation": {"egress": [
+                {"to": [{"ipBlock": {"cidr": "127.0.0.2/32"}}], "ports": [{"port": listed_port}]}
+            ]}
+        }
+    });
+    let jobs = jobs_api(client, JOBS_NS);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .expect("create the probe job");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS_NS);
+    let neighbour = json!({
+        "metadata": {"name": "neighbour", "labels": {"heterotrain.dev/job": "probe"}},
+        "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "300"]}]}
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(neighbour).unwrap(),
+    )
+    .await
+    .expect("create the neighbour pod");
+    let (rank0, rank1, intruder) = (
+        running_ip(&pods, "probe-0").await,
+        running_ip(&pods, "probe-1").await,
+        running_ip(&pods, "neighbour").await,
+    );
+    // Rank 1 reaches rank 0's store port once rank 0 serves it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while let Err(e) = heterotrain_e2e::nodesim::netpol::connect_from(&rank1, &rank0, 29500).await {
+        if std::time::Instant::now() > deadline {
+            let log = heterotrain_e2e::nodesim::log_path(sim.state_dir(), JOBS_NS, "probe-0");
+            panic!(
+                "rank 1 never reached rank 0's store port: {e}\nrank 0's log: {}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                dump(client, sim).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refused = |r: std::io::Result<()>, what: &str| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => panic!(
+            "{what}: {other:?} (policy enforcement: {:?})",
+            sim.network_policy_state()
+        ),
+    };
+    use heterotrain_e2e::nodesim::netpol::connect_from;
+    refused(
+        connect_from(&intruder, &rank0, 29500).await,
+        "another job's pod reached rank 0's store port",
+    );
+    connect_from(&rank0, "127.0.0.2", listed_port)
+        .await
+        .expect("rank 0 reaches the endpoint its job lists");
+    refused(
+        connect_from(&rank0, "127.0.0.3", unlisted_port).await,
+        "rank 0 reached an endpoint its job does not list",
+    );
+    // The listed endpoint saw rank 0's own address.
+    let (_, peer) = tokio::time::timeout(Duration::from_secs(5), listed.accept())
+        .await
+        .expect("a connection on the listed endpoint")
+        .unwrap();
+    assert_eq!(peer.ip().to_string(), rank0);
+    drop(unlisted);
+    jobs.delete("probe", &DeleteParams::default())
+        .await
+        .unwrap();
+    pods.delete("neighbour", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the probe job's pods gone",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                pods.list(&ListParams::default().labels("heterotrain.dev/job=probe"))
+                    .await
+                    .ok()
+                    .filter(|l| l.items.is_empty())
+            }
+        },
+    )
+    .await;
+}
+
+/// The IP of pod `name` once it runs.
+async fn running_ip(pods: &Api<Pod>, name: &str) -> String {
+    let what = format!("{name} Running with an IP");
+    wait_for(&what, Duration::from_secs(120), || async {
+        let st = pods.get_opt(name).await.ok()??.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(st.pod_ip?)
+    })
+    .await
 }

@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use futures::FutureExt;
 use heterotrain_e2e::nodesim::netpol;
 use heterotrain_e2e::system::SystemOptions;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
@@ -408,6 +409,73 @@ exit 3"#;
         },
     )
     .await;
+
+    // Egress too: with a policy letting `role: other` pods out only to one
+    // endpoint (and in from nowhere), the stranger reaches that endpoint,
+    // is refused at another and at the exporter, and the friend (not
+    // selected) still reaches both endpoints.
+    let allowed = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let other = tokio::net::TcpListener::bind("127.0.0.3:0").await.unwrap();
+    let (allowed_port, other_port) = (
+        allowed.local_addr().unwrap().port(),
+        other.local_addr().unwrap().port(),
+    );
+    let policy = json!({
+        "metadata": {"name": "others-out"},
+        "spec": {"podSelector": {"matchLabels": {"role": "other"}},
+                 "policyTypes": ["Ingress", "Egress"],
+                 "egress": [{"to": [{"ipBlock": {"cidr": "127.0.0.2/32"}}],
+                             "ports": [{"port": allowed_port}]}]}
+    });
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(policy).unwrap(),
+        )
+        .await
+        .unwrap();
+    let refused = wait_for("the stranger held in", Duration::from_secs(20), || {
+        let s = stranger.clone();
+        async move {
+            netpol::connect_from(&s, "127.0.0.3", other_port)
+                .await
+                .err()
+        }
+    })
+    .await;
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "{refused}"
+    );
+    // Who connected to a listener (the peers' addresses) since last asked.
+    let peer = |l: &tokio::net::TcpListener| {
+        let mut seen = Vec::new();
+        while let Some(Ok((_, a))) = l.accept().now_or_never() {
+            seen.push(a.ip().to_string());
+        }
+        seen
+    };
+    // Connections made before the policy took effect.
+    peer(&other);
+    netpol::connect_from(&stranger, "127.0.0.2", allowed_port)
+        .await
+        .expect("the stranger reaches its listed endpoint");
+    let to_exporter = connect(stranger.clone())
+        .await
+        .expect_err("egress to the exporter");
+    assert_eq!(to_exporter.kind(), std::io::ErrorKind::ConnectionRefused);
+    for (ip, port) in [("127.0.0.2", allowed_port), ("127.0.0.3", other_port)] {
+        netpol::connect_from(&ips["friend"], ip, port)
+            .await
+            .unwrap_or_else(|e| panic!("the friend (not selected) reaches {ip}:{port}: {e}"));
+    }
+    // The listed endpoint saw the stranger's address; the other saw only the friend.
+    assert!(
+        peer(&allowed).contains(&stranger),
+        "allowed endpoint's peers"
+    );
+    assert_eq!(peer(&other), vec![ips["friend"].clone()]);
 
     bed.stop().await;
     let hosts = std::fs::read_to_string("/etc/hosts").unwrap();

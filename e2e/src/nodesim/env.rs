@@ -103,7 +103,7 @@ fn key_ref(
 }
 
 /// `$(VAR)` expansion of earlier variables, as Kubernetes does.
-fn expand(v: &str, env: &BTreeMap<String, String>) -> String {
+pub(super) fn expand(v: &str, env: &BTreeMap<String, String>) -> String {
     let mut s = v.to_string();
     for (k, val) in env {
         s = s.replace(&format!("$({k})"), val);

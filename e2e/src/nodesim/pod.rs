@@ -142,7 +142,12 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
     if !node.run_processes {
         return status::patch(ctx, pod, status::running(&ip, &at, &container, None)).await;
     }
-    let mut argv = argv(&container)?;
+    let mut env = super::env::resolve(&ctx.client, pod, &container, &ip).await?;
+    // `$(VAR)` in command and args: the container's variables, as Kubernetes expands them.
+    let mut argv: Vec<String> = argv(&container)?
+        .iter()
+        .map(|a| super::env::expand(a, &env))
+        .collect();
     let gpu = wants_gpu(&container);
     if gpu {
         simulate_gpu_args(&mut argv);
@@ -153,7 +158,6 @@ async fn run_inner(ctx: &Ctx, pod: &Pod, running: &RunningPod) -> Result<()> {
             argv[0]
         )
     })?;
-    let mut env = super::env::resolve(&ctx.client, pod, &container, &ip).await?;
     let pod_dir = ctx
         .state_dir
         .join("pods")

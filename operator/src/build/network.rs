@@ -3,8 +3,9 @@
 //! only from the same job's pods, selected by the job-UID label the
 //! operator sets (a recreated job of the same name is another job), and
 //! `/metrics` only from the namespaces allowed to scrape (the operator's
-//! and Prometheus's). Egress: the job's own pods and DNS; rank 0 also the
-//! API server (it watches the plan ConfigMap).
+//! and Prometheus's). Egress: the job's own pods and DNS, the destinations
+//! the job lists in `spec.isolation.egress`; rank 0 also the API server (it
+//! watches the plan ConfigMap).
 
 use std::collections::BTreeMap;
 
@@ -92,16 +93,21 @@ pub fn policies(v: &ValidatedJob, metrics_from: &[String]) -> [NetworkPolicy; 2]
             pod_selector: Some(job_pods(uid)),
             policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
             ingress: Some(ingress),
-            egress: Some(vec![
-                NetworkPolicyEgressRule {
-                    to: Some(vec![same_job]),
-                    ports: None,
-                },
-                NetworkPolicyEgressRule {
-                    to: None,
-                    ports: Some(vec![port(53, "UDP"), port(53, "TCP")]),
-                },
-            ]),
+            egress: Some(
+                [
+                    NetworkPolicyEgressRule {
+                        to: Some(vec![same_job]),
+                        ports: None,
+                    },
+                    NetworkPolicyEgressRule {
+                        to: None,
+                        ports: Some(vec![port(53, "UDP"), port(53, "TCP")]),
+                    },
+                ]
+                .into_iter()
+                .chain(spec.isolation.egress.iter().cloned())
+                .collect(),
+            ),
         }),
     };
     let mut rank0 = job_pods(uid);

@@ -394,6 +394,29 @@ fn ranks_are_isolated_by_job_uid_and_only_rank_0_reaches_the_api() {
 }
 
 #[test]
+fn listed_egress_follows_the_jobs_own_rules() {
+    let mut job = fixture("mixed.yaml");
+    job.spec.isolation.egress = serde_json::from_value(serde_json::json!([
+        {"to": [{"ipBlock": {"cidr": "203.0.113.7/32"}}], "ports": [{"port": 443}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mirror"}}}]}
+    ]))
+    .expect("rules");
+    let v = valid(&job);
+    let d = desired(&v, &inputs(0)).expect("build");
+    let egress = d.policies[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.egress.clone())
+        .expect("egress");
+    // The job's pods and DNS first, then the listed rules, unchanged.
+    assert_eq!(egress.len(), 4);
+    assert_eq!(&egress[2..], &job.spec.isolation.egress[..]);
+    // Rank 0's API policy does not grow.
+    let api = d.policies[1].spec.as_ref().and_then(|s| s.egress.clone());
+    assert_eq!(api.map(|e| e.len()), Some(1));
+}
+
+#[test]
 fn isolation_off_builds_no_policies() {
     let mut job = fixture("mixed.yaml");
     job.spec.isolation.network_policy = false;

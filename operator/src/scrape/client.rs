@@ -22,7 +22,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use super::{
-    group_by_rank, parse_exposition, parse_prometheus_vector, percent_encode, RankMetrics,
+    exposition::Lines, group_by_rank, parse_exposition, parse_prometheus_vector, percent_encode,
+    RankMetrics,
 };
 use crate::error::{Error, Result};
 
@@ -89,8 +90,12 @@ fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig> {
         .with_no_client_auth())
 }
 
-/// Read `body` to its end, failing as soon as more than `limit` bytes came.
-async fn read_limited<B>(mut body: B, limit: usize, target: &str) -> Result<Vec<u8>>
+/// What takes a body's pieces as they arrive: an error stops the read.
+type Sink<'a> = &'a mut (dyn FnMut(&[u8]) -> std::result::Result<(), String> + Send);
+
+/// Read `body` to its end into `sink`, failing as soon as more than
+/// `limit` bytes came.
+async fn read_limited<B>(mut body: B, limit: usize, target: &str, sink: Sink<'_>) -> Result<()>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -99,23 +104,25 @@ where
         target: target.to_string(),
         limit,
     };
+    let fail = |message: String| Error::Scrape {
+        target: target.to_string(),
+        message,
+    };
     if body.size_hint().lower() > limit as u64 {
         return Err(too_large());
     }
-    let mut out = Vec::new();
+    let mut read = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Error::Scrape {
-            target: target.to_string(),
-            message: e.to_string(),
-        })?;
+        let frame = frame.map_err(|e| fail(e.to_string()))?;
         if let Ok(data) = frame.into_data() {
-            if out.len().saturating_add(data.len()) > limit {
+            read = read.saturating_add(data.len());
+            if read > limit {
                 return Err(too_large());
             }
-            out.extend_from_slice(&data);
+            sink(&data).map_err(fail)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 impl Scraper {
@@ -179,8 +186,24 @@ impl Scraper {
         self.get(url, None).await
     }
 
-    /// GET `url` with `Authorization: Bearer <token>` when a token is given.
+    /// GET `url` with `Authorization: Bearer <token>` when a token is
+    /// given, the whole body as text.
     async fn get(&self, url: &str, token: Option<String>) -> Result<String> {
+        let mut body = Vec::new();
+        self.fetch(url, token, &mut |d: &[u8]| {
+            body.extend_from_slice(d);
+            Ok(())
+        })
+        .await?;
+        String::from_utf8(body).map_err(|e| Error::Scrape {
+            target: url.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// GET `url` (with a bearer token when given), handing the body's
+    /// pieces to `sink` as they arrive.
+    async fn fetch(&self, url: &str, token: Option<String>, sink: Sink<'_>) -> Result<()> {
         let fail = |message: String| Error::Scrape {
             target: url.to_string(),
             message,
@@ -211,8 +234,7 @@ impl Scraper {
             if !status.is_success() {
                 return Err(fail(format!("HTTP {status}")));
             }
-            let body = read_limited(resp.into_body(), self.max_body, url).await?;
-            String::from_utf8(body).map_err(|e| fail(e.to_string()))
+            read_limited(resp.into_body(), self.max_body, url, sink).await
         };
         tokio::time::timeout(self.timeout, fut)
             .await
@@ -229,7 +251,14 @@ impl Scraper {
         let url = format!("http://{host}:{port}/metrics");
         // A turn within the byte budget; the scrape's timeout starts after.
         let _turn = self.slots.acquire().await;
-        let text = self.get_text(&url).await?;
+        // Only the lines the operator reads are kept as the body streams in.
+        let mut lines = Lines::default();
+        self.fetch(&url, None, &mut |d: &[u8]| lines.push(d))
+            .await?;
+        let text = lines.finish().map_err(|message| Error::Scrape {
+            target: url.clone(),
+            message,
+        })?;
         let series = parse_exposition(&text).map_err(|e| Error::Scrape {
             target: url,
             message: e.to_string(),

@@ -138,3 +138,75 @@ fn prometheus_answers_group_by_pod() {
     assert!(parse_prometheus_vector(r#"{"status":"error","error":"bad"}"#).is_err());
     assert_eq!(percent_encode("a b{=\"}"), "a%20b%7B%3D%22%7D");
 }
+
+/// `text` fed to [`Lines`] in pieces of `chunk` bytes: the kept text and
+/// the most bytes held at once.
+fn stream(text: &[u8], chunk: usize) -> (Result<String, String>, usize) {
+    let mut lines = super::exposition::Lines::default();
+    let mut most = 0;
+    for piece in text.chunks(chunk) {
+        if let Err(e) = lines.push(piece) {
+            return (Err(e), most);
+        }
+        most = most.max(lines.held());
+    }
+    (lines.finish(), most)
+}
+
+#[test]
+fn streamed_bodies_keep_only_the_operators_lines_in_any_pieces() {
+    let noisy = format!(
+        "# HELP process_cpu_seconds_total CPU.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 4\n{TEXT}go_goroutines 7\n"
+    );
+    let whole = RankMetrics::from_series(&parse_exposition(&noisy).unwrap());
+    assert_eq!(whole.steps_total, Some(12.0), "the reference parse");
+    for chunk in [1, 2, 3, 7, 64, 4096] {
+        let (kept, _) = stream(noisy.as_bytes(), chunk);
+        let kept = kept.expect("streamed");
+        assert!(
+            !kept.contains("process_") && !kept.contains("go_"),
+            "{kept}"
+        );
+        // The same metrics as from the whole body, the counters' types kept.
+        assert_eq!(
+            RankMetrics::from_series(&parse_exposition(&kept).unwrap()),
+            whole,
+            "chunk {chunk}"
+        );
+    }
+    // No final newline: the last line still counts.
+    let (kept, _) = stream(b"heterotrain_step 5", 3);
+    assert_eq!(kept.unwrap(), "heterotrain_step 5\n");
+}
+
+#[test]
+fn a_large_body_is_read_holding_only_the_wanted_lines() {
+    // 3 MiB of other series and one 1 MiB line, around the trainer's lines.
+    let mut body = Vec::new();
+    for i in 0..50_000 {
+        body.extend_from_slice(
+            format!("other_series{{i=\"{i}\",pad=\"{:040}\"}} 1\n", 0).as_bytes(),
+        );
+    }
+    body.extend_from_slice(b"# HELP huge ");
+    body.extend(std::iter::repeat_n(b'x', 1 << 20));
+    body.push(b'\n');
+    body.extend_from_slice(TEXT.as_bytes());
+    assert!(body.len() > 4 << 20, "{} bytes", body.len());
+    let (kept, most) = stream(&body, 16 << 10);
+    let kept = kept.expect("streamed");
+    assert_eq!(
+        RankMetrics::from_series(&parse_exposition(&kept).unwrap()).step,
+        Some(12)
+    );
+    // At most one line's limit in flight plus the piece being split, never the body.
+    assert!(
+        most < 2 * super::exposition::MAX_LINE_BYTES + (32 << 10),
+        "held {most} bytes"
+    );
+    // A trainer line past the limit fails the scrape rather than grow.
+    let mut long = b"heterotrain_step{x=\"".to_vec();
+    long.extend(std::iter::repeat_n(b'y', super::exposition::MAX_LINE_BYTES));
+    let (err, _) = stream(&long, 4096);
+    assert!(err.unwrap_err().contains("longer than"));
+}

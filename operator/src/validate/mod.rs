@@ -5,6 +5,7 @@
 
 mod admission;
 mod model_rules;
+mod network_rules;
 mod pod_rules;
 mod rules;
 

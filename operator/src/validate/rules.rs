@@ -346,6 +346,7 @@ pub fn validate(
             "probe batch sizes must be ≥ 1".into(),
         );
     }
+    super::network_rules::check_egress(spec, &mut bad);
     if spec.master_port == spec.metrics_port {
         bad(
             "spec.metricsPort",

@@ -739,3 +739,50 @@ fn secrets_read_and_commands_are_what_the_operator_allows() {
     assert!(Admission::default().problems(&own).is_empty());
     assert!(a.problems(&spec(serde_json::json!({}))).is_empty());
 }
+
+#[test]
+fn egress_rules_name_each_bad_field() {
+    let mut v = base();
+    merge(
+        &mut v["spec"],
+        &serde_json::json!({"isolation": {"egress": [
+            {"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/24", "nope"]}},
+                    {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}},
+                    {},
+                    {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}, {"key": "b", "operator": "Has"}]}}],
+             "ports": [{"port": 0}, {"port": "BAD"}, {"port": "https", "endPort": 500}, {"endPort": 9}, {"port": 53, "protocol": "ICMP"}]},
+            {"to": [{"ipBlock": {"cidr": "203.0.113.7/32"}}], "ports": [{"port": 9000, "endPort": 9010, "protocol": "TCP"}]}
+        ]}}),
+    );
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    let problems = validate("job", &job.spec, None).expect_err("invalid egress");
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    let e = "spec.isolation.egress[0]";
+    assert_eq!(
+        fields,
+        vec![
+            format!("{e}.to[0].ipBlock.except[0]"),
+            format!("{e}.to[0].ipBlock.except[1]"),
+            format!("{e}.to[1]"),
+            format!("{e}.to[2]"),
+            format!("{e}.to[3].namespaceSelector.matchExpressions[0].values"),
+            format!("{e}.to[3].namespaceSelector.matchExpressions[1].operator"),
+            format!("{e}.ports[0].port"),
+            format!("{e}.ports[1].port"),
+            format!("{e}.ports[2].endPort"),
+            format!("{e}.ports[3].endPort"),
+            format!("{e}.ports[4].protocol"),
+        ],
+        "{problems:?}"
+    );
+    // The second rule alone is valid.
+    let mut v = base();
+    merge(
+        &mut v["spec"],
+        &serde_json::json!({"isolation": {"egress": [
+            {"to": [{"ipBlock": {"cidr": "203.0.113.7/32"}}], "ports": [{"port": 9000, "endPort": 9010, "protocol": "TCP"}]}
+        ]}}),
+    );
+    let job: HeteroTrainingJob = serde_json::from_value(v).expect("job");
+    assert_eq!(validate("job", &job.spec, None), Ok(()));
+}
