@@ -1044,3 +1044,54 @@ async fn a_refused_pod_create_is_a_condition_not_a_hot_retry() {
     );
     op.stop().await;
 }
+
+/// Kueue is found at each API version it has served LocalQueues at (the
+/// operator's `gang::KUEUE_VERSIONS`), asked of the real API server's
+/// discovery with the operator's own RBAC, and not found once gone. No
+/// other test here sets `runPolicy.queue`, so none is wired to it meanwhile.
+#[tokio::test]
+async fn kueue_is_detected_at_each_version_it_serves() {
+    use heterotrain_e2e::crd;
+    use heterotrain_operator::gang::{Discovery, KUEUE_VERSIONS};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let env = env("kueue").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.admin.clone());
+    let served = |client: kube::Client| async move {
+        // A new Discovery each time: its answers are cached for a while.
+        Discovery::default()
+            .served(&client)
+            .await
+            .expect("discovery")
+            .kueue
+    };
+    assert!(
+        !served(env.operator.clone()).await,
+        "no Kueue installed yet"
+    );
+    for version in KUEUE_VERSIONS {
+        let c = crd::schemaless_crd("kueue.x-k8s.io", version, "LocalQueue", "localqueues")
+            .expect("crd");
+        crd::install(&env.admin, &c).await.expect("install");
+        eventually(
+            Duration::from_secs(30),
+            &format!("Kueue {version} found"),
+            || {
+                let client = env.operator.clone();
+                async move { served(client).await.then_some(()) }
+            },
+        )
+        .await;
+        crds.delete("localqueues.kueue.x-k8s.io", &DeleteParams::default())
+            .await
+            .expect("delete");
+        eventually(
+            Duration::from_secs(60),
+            &format!("Kueue {version} gone"),
+            || {
+                let client = env.operator.clone();
+                async move { (!served(client).await).then_some(()) }
+            },
+        )
+        .await;
+    }
+}
