@@ -779,8 +779,21 @@ pub struct CheckpointSpec {
     pub path: String,
     /// PersistentVolumeClaim mounted at `path`, so checkpoints outlive pods.
     /// Without it the directory is an emptyDir and a recreated gang starts over.
+    /// Each run writes to a directory of its own in the claim,
+    /// `<job>/<job UID>` (`status.checkpointDir`), so a job deleted and
+    /// created again under the same name never overwrites the earlier
+    /// run's checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_name: Option<String>,
+    /// Continue an earlier run (built-in trainer): the UID of an earlier job
+    /// of this name (its directory `<job>/<UID>` in the claim), or a
+    /// directory of the claim (`other-job/<UID>`). Rank 0 mounts it read
+    /// only and, while this run has no checkpoint of its own, resumes from
+    /// its newest checkpoint whose model, data, batch, optimizer and world
+    /// size match; the earlier run's files are never changed. Needs
+    /// `claimName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<String>,
 }
 
 impl Default for CheckpointSpec {
@@ -789,6 +802,7 @@ impl Default for CheckpointSpec {
             every_steps: default_checkpoint_every(),
             path: default_checkpoint_path(),
             claim_name: None,
+            resume_from: None,
         }
     }
 }
@@ -804,6 +818,11 @@ pub struct HeteroTrainingJobStatus {
     /// Summary phase for `kubectl get`: Pending, Running, Succeeded, Failed, Suspended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// This run's directory in the checkpoint claim (`<job>/<job UID>`;
+    /// `<job>` for a job an operator before per-run directories created).
+    /// What `checkpoint.resumeFrom` of a later job names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<String>,
     /// Spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -847,6 +847,15 @@ async fn end_to_end() {
     })
     .await;
 
+    // 3b. the job deleted and created again under the same name: its run
+    // writes checkpoints at the same steps into a directory of its own, the
+    // first run's files stay byte for byte; a third run with `resumeFrom`
+    // continues the first from its newest checkpoint.
+    scenario(&system, "runs-kept", || {
+        runs_never_overwrite_each_other(&system, wait)
+    })
+    .await;
+
     // 4. the operator killed and restarted mid-run: no duplicate or orphan pods, job completes.
     scenario(&system, "operator-restart", || async {
         system
@@ -997,6 +1006,120 @@ async fn static_bottlenecks(system: &System, wait: Duration) -> Result<(), Strin
                 b.rank, b.bottleneck
             ));
         }
+    }
+    Ok(())
+}
+
+/// The files of directory `dir`, by name.
+fn files_of(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| {
+                    let bytes = std::fs::read(e.path()).ok()?;
+                    Some((e.file_name().to_string_lossy().into_owned(), bytes))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The checkpoint steps among `files`' manifests.
+fn manifest_steps(files: &BTreeMap<String, Vec<u8>>) -> Vec<u64> {
+    files
+        .keys()
+        .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".json")?.parse().ok())
+        .collect()
+}
+
+/// Delete job `ns/name` and wait until it and its pods are gone.
+async fn delete_job(system: &System, ns: &str, name: &str) -> Result<(), String> {
+    let client = system.client().await.map_err(|e| e.to_string())?;
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client.clone(), ns);
+    jobs.delete(name, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    heterotrain_e2e::wait::eventually(
+        &format!("job {ns}/{name} and its pods gone"),
+        Duration::from_secs(120),
+        Duration::from_millis(300),
+        || async {
+            let job = jobs.get_opt(name).await?;
+            let lp = ListParams::default().labels(&format!("heterotrain.dev/job={name}"));
+            let left = pods.list(&lp).await?.items.len();
+            Ok((job.is_none() && left == 0).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Runs the job `qs` of namespace `rank-killed` (160 steps, checkpoints
+/// every 20 on claim `ckpt`, already Succeeded) again twice under the
+/// same name: a fresh run, then one with `resumeFrom` the first.
+async fn runs_never_overwrite_each_other(system: &System, wait: Duration) -> Result<(), String> {
+    let ns = "rank-killed";
+    let claim = heterotrain_e2e::nodesim::mounts::claim_dir(system.sim.state_dir(), ns, "ckpt");
+    let client = system.client().await.map_err(|e| e.to_string())?;
+    let jobs: Api<HeteroTrainingJob> = Api::namespaced(client, ns);
+    let first = jobs.get("qs").await.map_err(|e| e.to_string())?;
+    let uid1 = first.metadata.uid.clone().unwrap_or_default();
+    let dir1 = first.status.as_ref().and_then(|s| s.checkpoint_dir.clone());
+    if dir1.as_deref() != Some(format!("qs/{uid1}").as_str()) {
+        return Err(format!("status.checkpointDir {dir1:?}, want qs/{uid1}"));
+    }
+    let before = files_of(&claim.join("qs").join(&uid1));
+    if manifest_steps(&before) != [120, 140, 160] {
+        return Err(format!("first run's checkpoints: {:?}", before.keys()));
+    }
+    // A second run of the same job: the same steps, written again.
+    delete_job(system, ns, "qs").await?;
+    let second = system
+        .create_job(ns, &quickstart("qs", "dynamic", 160, Some("ckpt")))
+        .await
+        .map_err(|e| e.to_string())?;
+    let uid2 = second.metadata.uid.clone().unwrap_or_default();
+    system
+        .wait_job(ns, "qs", wait, "Succeeded", succeeded)
+        .await
+        .map_err(|e| e.to_string())?;
+    let run2 = files_of(&claim.join("qs").join(&uid2));
+    if manifest_steps(&run2) != [120, 140, 160] {
+        return Err(format!("second run's checkpoints: {:?}", run2.keys()));
+    }
+    if files_of(&claim.join("qs").join(&uid1)) != before {
+        return Err("the first run's files changed when the job was created again".into());
+    }
+    // A third run continuing the first: from step 160 to 200, so only
+    // 180 and 200 are written (a run from step 0 would keep 160 too).
+    delete_job(system, ns, "qs").await?;
+    let resumed = quickstart("qs", "dynamic", 200, Some("ckpt")).replace(
+        "claimName: ckpt}",
+        &format!("claimName: ckpt, resumeFrom: {uid1}}}"),
+    );
+    if !resumed.contains("resumeFrom") {
+        return Err(format!("resumeFrom not set in {resumed}"));
+    }
+    let third = system
+        .create_job(ns, &resumed)
+        .await
+        .map_err(|e| e.to_string())?;
+    let uid3 = third.metadata.uid.clone().unwrap_or_default();
+    let done = system
+        .wait_job(ns, "qs", wait, "Succeeded", succeeded)
+        .await
+        .map_err(|e| e.to_string())?;
+    let run3 = files_of(&claim.join("qs").join(&uid3));
+    let step = done.status.as_ref().map(|s| s.step);
+    if manifest_steps(&run3) != [180, 200] || step != Some(200) {
+        return Err(format!(
+            "third run (resumeFrom {uid1}): checkpoints {:?}, status.step {step:?}",
+            run3.keys()
+        ));
+    }
+    if files_of(&claim.join("qs").join(&uid1)) != before {
+        return Err("the first run's files changed when a later run continued it".into());
     }
     Ok(())
 }

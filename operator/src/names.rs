@@ -15,6 +15,8 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "heterotrain-trainer";
 pub const SCRATCH_DIR: &str = "/scratch";
 /// Mount point of the dataset claim when `dataset.path` is not set.
 pub const DEFAULT_DATA_DIR: &str = "/data";
+/// Where rank 0 finds the earlier run `checkpoint.resumeFrom` names (read only).
+pub const RESUME_FROM_DIR: &str = "/resume-from";
 
 /// Pod of `rank`: `<job>-<rank>`.
 pub fn pod_name(job: &str, rank: u32) -> String {

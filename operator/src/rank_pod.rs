@@ -25,6 +25,10 @@ pub fn operator_mounts(
         ("scratch", names::SCRATCH_DIR.to_string()),
         ("checkpoints", spec.checkpoint.path.clone()),
     ];
+    if spec.checkpoint.claim_name.is_some() && spec.checkpoint.resume_from.is_some() {
+        // Rank 0's only.
+        m.push(("checkpoints", names::RESUME_FROM_DIR.to_string()));
+    }
     if let (Some(_), Some(dir)) = (data_claim(spec), data_dir(spec)) {
         m.push(("data", dir));
     }

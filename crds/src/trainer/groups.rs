@@ -266,6 +266,12 @@ pub struct OutputArgs {
     /// skipped with a warning.
     #[arg(long, value_enum, default_value = "never", env = env::RESUME)]
     pub resume: ResumeMode,
+    /// An earlier run's checkpoint directory (read only): with `--resume
+    /// auto` and no checkpoint of this run in `--checkpoint-dir`, continue
+    /// from its newest checkpoint whose fingerprint matches this run's
+    /// apart from the job UID; none there is an error.
+    #[arg(long, env = env::RESUME_FROM)]
+    pub resume_from: Option<PathBuf>,
     /// UID of the HeteroTrainingJob (set by the operator): part of the run
     /// fingerprint, so `--resume auto` never takes another job's checkpoints.
     #[arg(long, env = env::JOB_UID)]

@@ -61,6 +61,9 @@ pub mod env {
     pub const OUTPUT_DIR: &str = "HT_OUTPUT_DIR";
     pub const CHECKPOINT_DIR: &str = "HT_CHECKPOINT_DIR";
     pub const RESUME: &str = "HT_RESUME";
+    /// An earlier run's checkpoint directory to continue from when this
+    /// run has none of its own.
+    pub const RESUME_FROM: &str = "HT_RESUME_FROM";
     pub const PLAN_FILE: &str = "HT_PLAN_FILE";
     pub const BALANCER: &str = "HT_BALANCER";
     pub const POLICY: &str = "HT_POLICY";

@@ -5,6 +5,7 @@ use heterotrain_crds::trainer::ResumeMode;
 use heterotrain_crds::{HeteroTrainingJobSpec, TrainerArgs, WorkerGroup};
 
 use crate::error::Error;
+use crate::names;
 pub use crate::rank_pod::{data_dir, group_threads};
 
 /// The trainer binary inside the image.
@@ -86,6 +87,9 @@ pub fn trainer_settings(
     a.output.checkpoint_dir = Some(spec.checkpoint.path.clone().into());
     a.output.checkpoint_every = u64::from(spec.checkpoint.every_steps);
     a.output.resume = ResumeMode::Auto;
+    if spec.checkpoint.resume_from.is_some() && spec.checkpoint.claim_name.is_some() {
+        a.output.resume_from = Some(names::RESUME_FROM_DIR.into());
+    }
     a.obs.metrics_port = spec.metrics_port;
     if spec.profiling.enabled {
         a.obs.profile_batch_sizes = spec.profiling.probe_batch_sizes.clone();

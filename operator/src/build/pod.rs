@@ -142,8 +142,10 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     // Only rank 0 reads and writes checkpoints (resumed state reaches the
     // other ranks over c10d), so only rank 0 mounts the claim: a
     // ReadWriteOnce claim then works for a gang spread over nodes.
-    // Each job has its own directory in the claim (`subPath: <job>`), so
-    // jobs sharing a claim never see each other's checkpoints.
+    // Each run has its own directory in the claim (`subPath: <job>/<UID>`),
+    // so jobs sharing a claim, and a job created again under the same
+    // name, never see or overwrite each other's checkpoints. An earlier
+    // run to continue (`resumeFrom`) is mounted beside it, read only.
     let shared_claim = spec.checkpoint.claim_name.is_some() && rank == 0;
     volumes.push(match (&spec.checkpoint.claim_name, rank) {
         (Some(c), 0) => claim("checkpoints", c, false),
@@ -151,9 +153,14 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     });
     let mut ckpt = mount("checkpoints", &spec.checkpoint.path, false);
     if shared_claim {
-        ckpt.sub_path = Some(v.name.clone());
+        ckpt.sub_path = Some(v.checkpoint_dir());
     }
     mounts.push(ckpt);
+    if let (true, Some(from)) = (shared_claim, v.resume_from_dir()) {
+        let mut earlier = mount("checkpoints", names::RESUME_FROM_DIR, true);
+        earlier.sub_path = Some(from);
+        mounts.push(earlier);
+    }
     if let (Some(c), Some(dir)) = (crate::rank_pod::data_claim(spec), data_dir(spec)) {
         volumes.push(claim("data", c, true));
         mounts.push(mount("data", &dir, true));

@@ -1,7 +1,7 @@
 //! Build-stage tests from the YAML fixtures in `operator/tests/fixtures`
 //! (the plan ConfigMap a new gang gets is rendered by `plan`, checked here too).
 
-use heterotrain_crds::{labels, BatchPlan, PLAN_KEY};
+use heterotrain_crds::{labels, BatchPlan, HeteroTrainingJob, HeteroTrainingJobStatus, PLAN_KEY};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -139,16 +139,20 @@ fn mixed_job_builds_one_pod_per_rank_in_group_order() {
         assert!(mounts
             .iter()
             .any(|m| m.mount_path == "/scratch" && m.read_only.is_none()));
-        // Rank 0 mounts its job's own directory of the claim (subPath: the
-        // job's name); the others an emptyDir, no subPath.
+        // Rank 0 mounts its run's own directory of the claim (subPath:
+        // `<job>/<UID>`); the others an emptyDir, no subPath.
         let ckpt_mount = mounts
             .iter()
             .find(|m| m.mount_path == "/checkpoints")
             .expect("checkpoint mount");
-        let job_name = pod.metadata.labels.as_ref().expect("labels")["heterotrain.dev/job"].clone();
+        let labels = pod.metadata.labels.as_ref().expect("labels");
+        let run_dir = format!(
+            "{}/{}",
+            labels["heterotrain.dev/job"], labels["heterotrain.dev/job-uid"]
+        );
         assert_eq!(
             ckpt_mount.sub_path.as_deref(),
-            (rank == 0).then_some(job_name.as_str()),
+            (rank == 0).then_some(run_dir.as_str()),
             "rank {rank}"
         );
         assert!(mounts
@@ -784,4 +788,63 @@ fn own_command_replaces_the_trainer_and_keeps_the_contract() {
     let c0 = &d.pods[0].spec.as_ref().expect("spec").containers[0];
     assert_eq!(c0.command, Some(vec!["heterotrain-trainer".into()]));
     assert_eq!(c0.args.as_ref().map(|a| a[0].as_str()), Some("train"));
+}
+
+#[test]
+fn each_run_has_its_own_checkpoint_directory_and_reads_an_earlier_one_read_only() {
+    let mut job = fixture("mixed.yaml");
+    let uid = job.metadata.uid.clone().expect("uid");
+    let sub_paths = |job: &HeteroTrainingJob, rank: u32| {
+        let v = valid(job);
+        let group = v.layout[rank as usize].0;
+        let pod = pod::pod(&v, &inputs(0), rank, group).expect("pod");
+        let c = &pod.spec.expect("spec").containers[0];
+        let mounts: Vec<(String, Option<String>, Option<bool>)> = c
+            .volume_mounts
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.name == "checkpoints")
+            .map(|m| (m.mount_path, m.sub_path, m.read_only))
+            .collect();
+        (mounts, c.args.clone().unwrap_or_default())
+    };
+    // A new job: `<job>/<UID>`, recorded in status on its first write.
+    let (mounts, args) = sub_paths(&job, 0);
+    assert_eq!(
+        mounts,
+        vec![("/checkpoints".into(), Some(format!("mixed/{uid}")), None)]
+    );
+    assert!(!args.contains(&"--resume-from".to_string()));
+    // A job an earlier operator ran (a status, no checkpointDir) keeps
+    // the job's name; a recorded directory is kept whatever it is.
+    job.status = Some(HeteroTrainingJobStatus {
+        phase: Some("Running".into()),
+        ..Default::default()
+    });
+    assert_eq!(sub_paths(&job, 0).0[0].1.as_deref(), Some("mixed"));
+    job.status.as_mut().expect("status").checkpoint_dir = Some("mixed/earlier".into());
+    assert_eq!(sub_paths(&job, 0).0[0].1.as_deref(), Some("mixed/earlier"));
+    job.status = None;
+    // resumeFrom: a UID is an earlier run of this name, a path is taken as
+    // it is; rank 0 only, read only, and the trainer is told where.
+    for (from, dir) in [
+        ("0123-abcd", "mixed/0123-abcd"),
+        ("other/5678", "other/5678"),
+    ] {
+        job.spec.checkpoint.resume_from = Some(from.into());
+        let (mounts, args) = sub_paths(&job, 0);
+        assert_eq!(
+            mounts[1],
+            ("/resume-from".into(), Some(dir.into()), Some(true)),
+            "{from}"
+        );
+        let at = args
+            .iter()
+            .position(|a| a == "--resume-from")
+            .expect("flag");
+        assert_eq!(args[at + 1], "/resume-from");
+        let (rank1, _) = sub_paths(&job, 1);
+        assert_eq!(rank1.len(), 1, "rank 1 mounts no earlier run: {rank1:?}");
+    }
 }

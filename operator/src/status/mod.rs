@@ -120,6 +120,13 @@ pub fn next(
         conditions::set(&mut s.conditions, c, generation, now);
     }
     s.phase = Some(d.phase.as_str().into());
+    // Recorded with the first phase, so the directory never changes.
+    s.checkpoint_dir = v
+        .spec()
+        .checkpoint
+        .claim_name
+        .as_ref()
+        .map(|_| v.checkpoint_dir());
     s.observed_generation = generation;
     s.ranks = v.world_size;
     s.restarts = d.restarts;

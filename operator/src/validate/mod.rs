@@ -121,6 +121,35 @@ impl<'a> ValidatedJob<'a> {
     pub fn ranks(&self) -> usize {
         self.world_size as usize
     }
+
+    /// This run's directory in the checkpoint claim: the one recorded in
+    /// status; for a job that has a status without one (created by an
+    /// operator from before per-run directories) the job's name, where its
+    /// checkpoints already are; else `<job>/<UID>`.
+    pub fn checkpoint_dir(&self) -> String {
+        let status = self.job.status.as_ref();
+        match status.and_then(|s| s.checkpoint_dir.clone()) {
+            Some(dir) => dir,
+            None if status.is_some_and(|s| s.phase.is_some()) => self.name.clone(),
+            None => format!("{}/{}", self.name, self.uid()),
+        }
+    }
+
+    /// The claim directory `checkpoint.resumeFrom` names: a bare UID is
+    /// an earlier run of this job's name.
+    pub fn resume_from_dir(&self) -> Option<String> {
+        let from = self
+            .spec()
+            .checkpoint
+            .resume_from
+            .as_deref()?
+            .trim_matches('/');
+        Some(if from.contains('/') {
+            from.to_string()
+        } else {
+            format!("{}/{from}", self.name)
+        })
+    }
 }
 
 /// The balancer policy for a job's policy.

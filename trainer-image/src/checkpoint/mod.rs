@@ -225,6 +225,25 @@ fn check_files(dir: &Path, m: &Manifest) -> Result<(), String> {
 pub fn resume(
     dir: &Path,
     run: &Fingerprint,
+    load: impl FnMut(&Manifest) -> Result<()>,
+) -> Option<Manifest> {
+    resume_matching(dir, run, false, load)
+}
+
+/// [`resume`] from an earlier run's directory: a checkpoint whose
+/// fingerprint differs from `run`'s in the job UID alone belongs.
+pub fn resume_earlier(
+    dir: &Path,
+    run: &Fingerprint,
+    load: impl FnMut(&Manifest) -> Result<()>,
+) -> Option<Manifest> {
+    resume_matching(dir, run, true, load)
+}
+
+fn resume_matching(
+    dir: &Path,
+    run: &Fingerprint,
+    any_uid: bool,
     mut load: impl FnMut(&Manifest) -> Result<()>,
 ) -> Option<Manifest> {
     for (step, path) in manifests(dir) {
@@ -237,6 +256,17 @@ pub fn resume(
                 );
                 continue;
             }
+        };
+        let earlier;
+        let run = match (&m.fingerprint, any_uid) {
+            (Some(fp), true) => {
+                earlier = Fingerprint {
+                    job_uid: fp.job_uid.clone(),
+                    ..run.clone()
+                };
+                &earlier
+            }
+            _ => run,
         };
         match m.belongs_to(run) {
             Belongs::Yes => {}

@@ -257,6 +257,33 @@ fn resume_skips_other_runs_and_pruning_leaves_them_alone() {
 }
 
 #[test]
+fn an_earlier_run_is_continued_only_when_all_but_its_uid_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = fp(&["--batch-size", "64", "--job-uid", "first"]);
+    let second = fp(&["--batch-size", "64", "--job-uid", "second"]);
+    for step in [20, 40] {
+        save_at(dir.path(), step, &first);
+    }
+    let t = target();
+    // Another job UID: not this run's own checkpoint.
+    assert_eq!(resume_step(dir.path(), &second, &t), None);
+    // As an earlier run: the newest one, loaded.
+    let got = resume_earlier(dir.path(), &second, |m| {
+        load_into(dir.path(), &m.weights, &t)
+    });
+    assert_eq!(got.map(|m| m.step), Some(40));
+    assert_eq!(t[0].1.double_value(&[0]), 40.0);
+    // Any other difference still refuses it.
+    let other_batch = fp(&["--batch-size", "32", "--job-uid", "second"]);
+    let t = target();
+    let got = resume_earlier(dir.path(), &other_batch, |m| {
+        load_into(dir.path(), &m.weights, &t)
+    });
+    assert_eq!(got, None);
+    assert_eq!(t[0].1.double_value(&[0]), 0.0, "nothing loaded");
+}
+
+#[test]
 fn resume_falls_back_when_loading_fails() {
     let dir = tempfile::tempdir().unwrap();
     let run = fp(&[]);

@@ -85,7 +85,8 @@ impl Trainer<'_> {
         // these names are views of its own state.
         let optim_state = self.whole_optimizer_state(None)?;
         let steps_per_epoch = self.p.steps_per_epoch;
-        let found = checkpoint::resume(dir, fingerprint, |m| {
+        let all_vars = &self.p.all_vars;
+        let load = |dir: &std::path::Path, m: &checkpoint::Manifest| {
             // A manifest from a run over more samples (version 1 has no
             // fingerprint to tell) or edited by hand: its position is not
             // one of this run's steps.
@@ -95,11 +96,27 @@ impl Trainer<'_> {
                     m.position.step_in_epoch, m.position.epoch
                 )));
             }
-            checkpoint::load_files(
-                dir,
-                &[(&m.weights, &self.p.all_vars), (&m.optimizer, &optim_state)],
-            )
-        });
+            checkpoint::load_files(dir, &[(&m.weights, all_vars), (&m.optimizer, &optim_state)])
+        };
+        let mut found = checkpoint::resume(dir, fingerprint, |m| load(dir, m));
+        if found.is_none() {
+            if let Some(from) = &self.cfg.output.resume_from {
+                // This run has nothing of its own yet: continue the earlier
+                // run, or fail rather than quietly start over.
+                found = checkpoint::resume_earlier(from, fingerprint, |m| load(from, m));
+                let Some(m) = &found else {
+                    return Err(TrainerError::Checkpoint(format!(
+                        "--resume-from {}: no checkpoint there matches this run (model, data, batch size, optimizer and world size; the warnings above say what differs); fix checkpoint.resumeFrom or remove it to start from step 0",
+                        from.display()
+                    )));
+                };
+                eprintln!(
+                    "rank 0: continuing an earlier run: its checkpoint at step {} in {}",
+                    m.step,
+                    from.display()
+                );
+            }
+        }
         let Some(m) = found else {
             eprintln!(
                 "rank 0: no checkpoint of this run (fingerprint {}) in {}; starting from step 0",
