@@ -27,6 +27,9 @@ pub mod types {
     pub const PROGRESSING: &str = "Progressing";
     /// The job's NetworkPolicies guard its ranks (False: turned off).
     pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
+    /// Checkpoints and the trained model outlive the pods (False: they are
+    /// in rank 0's emptyDir).
+    pub const DURABLE: &str = "Durable";
 }
 
 /// Condition (and Event) reasons.
@@ -78,6 +81,10 @@ pub mod reasons {
     pub const STALLED: &str = "Stalled";
     pub const NETWORK_POLICIES: &str = "NetworkPolicies";
     pub const ISOLATION_DISABLED: &str = "IsolationDisabled";
+    /// `Durable`: checkpoints on a claim.
+    pub const CHECKPOINT_CLAIM: &str = "CheckpointClaim";
+    /// `Durable=False` and its Event: no claim, checkpoints in an emptyDir.
+    pub const EPHEMERAL_STORAGE: &str = "EphemeralStorage";
     /// Event: `schedulingPolicy` asks for a gang scheduler the cluster
     /// does not serve; the gang is created without one.
     pub const GANG_SCHEDULER_MISSING: &str = "GangSchedulerMissing";

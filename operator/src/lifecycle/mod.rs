@@ -230,6 +230,14 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
         let msg = format!("created the Service, the plan and {world} rank pod(s)");
         if !cond::is_true(conds, types::CREATED) {
             d.event(false, reasons::GANG_CREATED, msg.clone());
+            // Said once, with the first gang: the condition keeps saying it.
+            if spec.checkpoint.claim_name.is_none() && status.restarts == 0 {
+                d.event(
+                    true,
+                    reasons::EPHEMERAL_STORAGE,
+                    crate::status::EPHEMERAL_MESSAGE,
+                );
+            }
         }
         d.conditions
             .push(Desired::yes(types::CREATED, reasons::GANG_CREATED, msg));

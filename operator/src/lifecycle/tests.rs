@@ -74,10 +74,12 @@ fn events(d: &Decision) -> Vec<(bool, &str, &str)> {
         .collect()
 }
 
-/// `(type, status, reason)` of each condition, in order.
+/// `(type, status, reason)` of each condition, in order; `Durable`, which
+/// depends on the checkpoint claim alone, is left to its own test.
 fn conditions(s: &HeteroTrainingJobStatus) -> Vec<(&str, &str, &str)> {
     s.conditions
         .iter()
+        .filter(|c| c.type_ != types::DURABLE)
         .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str()))
         .collect()
 }
@@ -103,7 +105,13 @@ fn new_job_creates_the_gang() {
     assert_eq!(d.start_time, StartTime::SetNow);
     assert!(!d.complete && !d.delete_job && !d.balance);
     assert_eq!(d.requeue_after, None);
-    assert_eq!(events(&d), [(false, "GangCreated", CREATED_MSG)]);
+    assert_eq!(
+        events(&d),
+        [
+            (false, "GangCreated", CREATED_MSG),
+            (true, "EphemeralStorage", crate::status::EPHEMERAL_MESSAGE)
+        ]
+    );
     assert_eq!(
         conditions(&s),
         [
@@ -164,10 +172,12 @@ fn pending_pods_wait_and_a_pod_without_ip_is_not_running() {
     assert_eq!(message(&s, "Running"), "0 of 2 ranks running");
     assert_eq!(s.groups[0].ready, 1);
     assert_eq!(s.start_time, Some(at("2025-01-01T00:59:00Z")));
-    // Nothing flipped: transition times are the ones on record.
+    // Nothing flipped: transition times are the ones on record (the
+    // recorded status predates `Durable`).
     assert!(s
         .conditions
         .iter()
+        .filter(|c| c.type_ != types::DURABLE)
         .all(|c| c.last_transition_time == at("2025-01-01T00:59:00Z")));
 }
 
@@ -455,4 +465,51 @@ fn changed_replicas_under_a_running_gang_leave_it_running() {
             s2.conditions
         );
     }
+}
+
+/// `Durable`: False with what to do and one warning Event with the first
+/// gang when checkpoints are in an emptyDir; True naming the claim and the
+/// run's directory otherwise; no second Event when a gang is recreated.
+#[test]
+fn checkpoints_without_a_claim_are_reported_as_ephemeral() {
+    let c = Case::load("new");
+    let (d, s) = c.run();
+    let durable = cond::get(&s.conditions, types::DURABLE).expect("Durable");
+    assert_eq!(
+        (durable.status.as_str(), durable.reason.as_str()),
+        ("False", "EphemeralStorage")
+    );
+    assert!(durable.message.contains("set spec.checkpoint.claimName"));
+    assert_eq!(
+        events(&d)
+            .iter()
+            .filter(|e| e.1 == "EphemeralStorage")
+            .count(),
+        1
+    );
+
+    let mut c = Case::load("new");
+    c.job.spec.checkpoint.claim_name = Some("ckpt".into());
+    let (d, s) = c.run();
+    let durable = cond::get(&s.conditions, types::DURABLE).expect("Durable");
+    assert_eq!(durable.status, "True");
+    let uid = c.job.metadata.uid.clone().expect("uid");
+    assert!(
+        durable.message.contains(&format!(
+            "claim ckpt, directory {}/{uid}",
+            c.job.metadata.name.clone().unwrap_or_default()
+        )),
+        "{}",
+        durable.message
+    );
+    assert!(events(&d).iter().all(|e| e.1 != "EphemeralStorage"));
+
+    // A gang created again (Created already True) says it no more.
+    let c = Case::load("resumed");
+    let (d, _) = c.run();
+    assert!(
+        events(&d).iter().all(|e| e.1 != "EphemeralStorage"),
+        "{:?}",
+        events(&d)
+    );
 }

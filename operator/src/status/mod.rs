@@ -68,6 +68,32 @@ pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrai
     s
 }
 
+/// What `Durable=False` says: where the files are and how to keep them.
+pub const EPHEMERAL_MESSAGE: &str =
+    "checkpoints and the trained model are written to rank 0's emptyDir \
+     and are lost with the pod (a drain, an eviction, the job's deletion or TTL); set \
+     spec.checkpoint.claimName to a PersistentVolumeClaim to keep them";
+
+/// `Durable`: True with a checkpoint claim, else False with what to do.
+pub fn durability(v: &ValidatedJob) -> Desired {
+    use conditions::{reasons, types};
+    match &v.spec().checkpoint.claim_name {
+        Some(claim) => Desired::yes(
+            types::DURABLE,
+            reasons::CHECKPOINT_CLAIM,
+            format!(
+                "checkpoints and the trained model go to claim {claim}, directory {}",
+                v.checkpoint_dir()
+            ),
+        ),
+        None => Desired::no(
+            types::DURABLE,
+            reasons::EPHEMERAL_STORAGE,
+            EPHEMERAL_MESSAGE,
+        ),
+    }
+}
+
 /// `NetworkIsolated`: False (a warning with what to do) when the spec
 /// turned the job's NetworkPolicies off; back to True once they are on
 /// again (isolated jobs, the default, do not carry it otherwise).
@@ -119,6 +145,7 @@ pub fn next(
     if let Some(c) = isolation(v, &s.conditions) {
         conditions::set(&mut s.conditions, c, generation, now);
     }
+    conditions::set(&mut s.conditions, durability(v), generation, now);
     s.phase = Some(d.phase.as_str().into());
     // Recorded with the first phase, so the directory never changes.
     s.checkpoint_dir = v
