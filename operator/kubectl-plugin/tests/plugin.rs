@@ -305,6 +305,10 @@ async fn status_top_plan_and_profile_show_the_job() {
         "{status}"
     );
     assert!(line(&status, "Policy:").contains("dynamic"));
+    assert!(
+        line(&status, "Checkpoints:").contains("emptyDir: lost with the pod"),
+        "{status}"
+    );
     assert!(line(&status, "Plan:").contains("generation 2"), "{status}");
     assert!(
         line(&status, "Plan:").contains("batches [48, 24, 24]"),

@@ -97,6 +97,21 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
         rate(st.cluster_samples_per_second)
     );
     let _ = writeln!(out, "Policy:          {}", policy(job));
+    let ckpt = &job.spec.checkpoint;
+    let _ = match (&ckpt.claim_name, &st.checkpoint_dir) {
+        (Some(claim), dir) => writeln!(
+            out,
+            "Checkpoints:     claim {claim}, directory {}{}",
+            dir.as_deref().unwrap_or("(not yet recorded)"),
+            ckpt.resume_from
+                .as_ref()
+                .map_or(String::new(), |f| format!("   continuing {f}"))
+        ),
+        (None, _) => writeln!(
+            out,
+            "Checkpoints:     rank 0's emptyDir: lost with the pod (set spec.checkpoint.claimName to keep them)"
+        ),
+    };
     match &v.plan {
         Some(p) => {
             let _ = writeln!(
