@@ -150,12 +150,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac_and_uninstalls_cle
         }
     });
     let jobs = jobs_api(&client, JOBS_NS);
-    jobs.create(
-        &PostParams::default(),
-        &serde_json::from_value(job).unwrap(),
-    )
-    .await
-    .expect("create job");
+    create(&jobs, job, "create job").await;
     let job_pods: Api<Pod> = Api::namespaced(client.clone(), JOBS_NS);
     let phase_of = |jobs: Api<DynamicObject>| async move {
         jobs.get_opt("chart-job")
@@ -589,12 +584,7 @@ async fn helm_installed_operator_trains_a_job_to_succeeded() {
         }
     });
     let jobs = jobs_api(&client, JOBS_NS);
-    jobs.create(
-        &PostParams::default(),
-        &serde_json::from_value(job).unwrap(),
-    )
-    .await
-    .expect("create job");
+    create(&jobs, job, "create job").await;
     let done = tokio::time::timeout(Duration::from_secs(300), async {
         loop {
             if let Ok(Some(j)) = jobs.get_opt("trained").await {
@@ -666,24 +656,14 @@ async fn egress_is_listed_and_c10d_stays_closed(client: &Client, sim: &NodeSimul
         }
     });
     let jobs = jobs_api(client, JOBS_NS);
-    jobs.create(
-        &PostParams::default(),
-        &serde_json::from_value(job).unwrap(),
-    )
-    .await
-    .expect("create the probe job");
+    create(&jobs, job, "create the probe job").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS_NS);
     let neighbour = json!({
         "metadata": {"name": "neighbour", "labels": {"heterotrain.dev/job": "probe"}},
         "spec": {"restartPolicy": "Never",
             "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "300"]}]}
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(neighbour).unwrap(),
-    )
-    .await
-    .expect("create the neighbour pod");
+    create(&pods, neighbour, "create the neighbour pod").await;
     let (rank0, rank1, intruder) = (
         running_ip(&pods, "probe-0").await,
         running_ip(&pods, "probe-1").await,

@@ -176,12 +176,7 @@ exit 3"#;
             }]
         }
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(pod).unwrap(),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod, "create pod").await;
     let done = wait_pod(&pods, "probe-0", "Failed", |p| phase(p) == "Failed").await;
     let spec = done.spec.clone().unwrap();
     assert_eq!(
@@ -247,12 +242,7 @@ exit 3"#;
                 "command": ["sh", "-c", QUOTA_LOOP]}]
         }
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(pod).unwrap(),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod, "create pod").await;
     wait_pod(&pods, "sleeper", "Running", |p| phase(p) == "Running").await;
     let sleeper_log = heterotrain_e2e::nodesim::log_path(sim.state_dir(), ns, "sleeper");
     // Speed 1.0 × 1 CPU: the whole 10 ms period.
@@ -307,12 +297,7 @@ exit 3"#;
                 "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]
         }
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(pod).unwrap(),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod, "create pod").await;
     let pods_ref = &pods;
     let v = wait_for("prometheus to scrape the pod", Duration::from_secs(300), || async move {
         // An exporter that died is never scraped: say so now, with its log.
@@ -347,12 +332,7 @@ exit 3"#;
             "spec": {"restartPolicy": "Never",
                 "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "300"]}]}
         });
-        pods.create(
-            &PostParams::default(),
-            &serde_json::from_value(pod).unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&pods, pod, "create pod").await;
         let p = wait_pod(&pods, name, "Running", |p| phase(p) == "Running").await;
         ips.insert(name, p.status.and_then(|s| s.pod_ip).unwrap());
     }
@@ -371,13 +351,7 @@ exit 3"#;
                  "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "friend"}}}],
                               "ports": [{"port": "metrics"}]}]}
     });
-    policies
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(policy).unwrap(),
-        )
-        .await
-        .unwrap();
+    create(&policies, policy, "create policy").await;
     let stranger = ips["stranger"].clone();
     let refused = wait_for("the stranger refused", Duration::from_secs(20), || {
         let c = connect(stranger.clone());
@@ -427,13 +401,7 @@ exit 3"#;
                  "egress": [{"to": [{"ipBlock": {"cidr": "127.0.0.2/32"}}],
                              "ports": [{"port": allowed_port}]}]}
     });
-    policies
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(policy).unwrap(),
-        )
-        .await
-        .unwrap();
+    create(&policies, policy, "create policy").await;
     let refused = wait_for("the stranger held in", Duration::from_secs(20), || {
         let s = stranger.clone();
         async move {

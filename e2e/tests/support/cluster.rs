@@ -122,3 +122,15 @@ pub async fn wait_for_webhook(client: &Client, ns: &str) {
     )
     .await;
 }
+
+/// Create the object written as `value` through `api`, panicking with
+/// `what` and the API server's answer when it is refused.
+pub async fn create<K>(api: &Api<K>, value: serde_json::Value, what: &str) -> K
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let object: K = serde_json::from_value(value).unwrap_or_else(|e| panic!("{what}: {e}"));
+    api.create(&kube::api::PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}

@@ -4,6 +4,7 @@
 //! of re-checking `metadata` and re-deriving sizes from `spec`.
 
 mod admission;
+mod checkpoint_rules;
 mod model_rules;
 mod network_rules;
 mod pod_rules;
