@@ -1,8 +1,6 @@
 //! What one balancing round decided ([`Decision`]) and the small helpers
 //! its reason texts share.
 
-use std::fmt::Write as _;
-
 use serde::{Deserialize, Serialize};
 
 use crate::Policy;
@@ -54,29 +52,6 @@ impl Decision {
     }
 }
 
-/// "1, 2, 3" (at most 8, then "+N more").
-pub(crate) fn list(ranks: &[usize]) -> String {
-    let mut s = ranks
-        .iter()
-        .take(8)
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if ranks.len() > 8 {
-        let _ = write!(s, " +{} more", ranks.len() - 8);
-    }
-    s
-}
-
-/// "rank 3" or "ranks 3, 5".
-pub(crate) fn ranks_named(ranks: &[usize]) -> String {
-    if ranks.len() == 1 {
-        format!("rank {}", ranks[0])
-    } else {
-        format!("ranks {}", list(ranks))
-    }
-}
-
 /// `100 · (current − predicted) / current`, 0 when not computable.
 pub(crate) fn gain_percent(current: f64, predicted: f64) -> f64 {
     if current > 0.0 {
@@ -102,6 +77,7 @@ pub(crate) fn noise_margin_percent(relative_error: f64, n: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::{list, ranks_named};
 
     #[test]
     fn lists_and_names() {

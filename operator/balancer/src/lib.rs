@@ -20,6 +20,7 @@
 //! [`BalancerError`] values, each with a stable `metric_label()`.
 
 mod balancer;
+mod bounds;
 mod config;
 mod decide;
 mod decision;
@@ -34,6 +35,7 @@ mod rules;
 pub mod sim;
 pub mod split;
 mod subset;
+mod text;
 
 pub use balancer::Balancer;
 pub use config::{BalancerConfig, Policy, MAX_READMIT_FACTOR};

@@ -29,12 +29,14 @@
 
 use std::fmt::Write as _;
 
+use crate::bounds::{Bounds, QUOTA_SATURATED};
 use crate::config::MAX_READMIT_FACTOR;
 use crate::model::median;
 use crate::rank::{Presence, RankState};
-use crate::rules::{push_note, Bounds};
 use crate::split::{max_step, optimal_split_bounded};
-use crate::subset::{secs, trial_samples_needed};
+use crate::subset::trial_samples_needed;
+use crate::text::push_note;
+use crate::text::secs;
 use crate::{BalancerConfig, StepModel};
 
 /// While two or more ranks would still train without the candidate, a
@@ -57,10 +59,6 @@ fn excess_factor(without: &[u32]) -> f64 {
         TRIAL_EXCESS_FACTOR
     }
 }
-
-/// A candidate that used at least this share of its CPU quota is saturated
-/// on it (see [`quota_bound`]).
-pub(crate) const QUOTA_SATURATED: f64 = 0.9;
 
 /// Whether `rank` is a small part of `current` that is saturated on its CPU
 /// quota, with at least two ranks training in `without` (the split

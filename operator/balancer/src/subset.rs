@@ -13,12 +13,12 @@
 
 use std::fmt::Write as _;
 
+use crate::bounds::Bounds;
 use crate::config::MAX_READMIT_FACTOR;
-use crate::decision::ranks_named;
 use crate::exchange;
 use crate::rank::{Probe, RankState};
-use crate::rules::Bounds;
 use crate::split::{optimal_split_bounded, round_to_sum};
+use crate::text::{ranks_named, secs};
 use crate::{BalancerConfig, BalancerError, StepModel};
 
 /// A split chosen over the candidate memberships.
@@ -463,15 +463,6 @@ pub(crate) fn settle(ranks: &mut [RankState], decided: &[u32], cfg: &BalancerCon
         }
     }
     notes
-}
-
-/// "0.412 s": 3 significant digits.
-pub(crate) fn secs(x: f64) -> String {
-    if !(x.is_finite() && x > 0.0) {
-        return format!("{x} s");
-    }
-    let decimals = (2 - x.log10().floor() as i32).clamp(0, 9) as usize;
-    format!("{x:.decimals$} s")
 }
 
 #[cfg(test)]
