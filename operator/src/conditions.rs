@@ -4,6 +4,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// Condition types.
+/// What `Durable=False` says: where the files are and how to keep them.
+pub const EPHEMERAL_MESSAGE: &str =
+    "checkpoints and the trained model are written to rank 0's emptyDir \
+     and are lost with the pod (a drain, an eviction, the job's deletion or TTL); set \
+     spec.checkpoint.claimName to a PersistentVolumeClaim to keep them";
+
 pub mod types {
     /// The gang's Service, plan and pods exist.
     pub const CREATED: &str = "Created";

@@ -84,7 +84,7 @@ fn heap_in_use() -> u64 {
             return used;
         }
     }
-    crate::metrics::process_rss_bytes().unwrap_or(0)
+    crate::metrics::serve::process_rss_bytes().unwrap_or(0)
 }
 
 /// `MemAvailable` from /proc/meminfo, bounded by a cgroup memory limit.
@@ -107,7 +107,7 @@ fn available_ram() -> u64 {
     .filter_map(|t| t.trim().parse::<u64>().ok())
     .min()
     .unwrap_or(u64::MAX);
-    let used = crate::metrics::process_rss_bytes().unwrap_or(0);
+    let used = crate::metrics::serve::process_rss_bytes().unwrap_or(0);
     mem.min(limit.saturating_sub(used))
 }
 

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::session::say;
+use super::state::say;
 use super::DdpRow;
 
 /// Run `bench_trainer.sh` (`runs` runs per side) with the trainer built

@@ -10,8 +10,8 @@ use anyhow::Result;
 
 use super::analysis::{cluster_steps, overlap_rates, summarise, ClusterStep};
 use super::runner::BenchCluster;
-use super::session::{say, short, State};
 use super::spec::{job, JobParams};
+use super::state::{say, short, State};
 use super::{ideal_split, BenchNode, ModelRun, Standalone};
 
 /// A rank's job: `node` alone at `batch` for `steps`, no profiling.

@@ -15,6 +15,7 @@ pub mod scale;
 pub mod session;
 pub mod spec;
 pub mod split;
+pub mod state;
 pub mod targets;
 
 use serde::{Deserialize, Serialize};

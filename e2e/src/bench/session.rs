@@ -3,7 +3,6 @@
 //! rounds (concurrent ideal, static, dynamic, …) so that paired ratios
 //! compare runs made under the same load.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,40 +30,7 @@ pub struct TrainingOptions {
     pub verbose: bool,
 }
 
-/// Results so far and the measurements later runs reuse.
-pub struct State {
-    pub results: Results,
-    /// (model, node, speed bits, batch) → samples/s alone.
-    pub standalone: BTreeMap<(String, String, u64, u32), f64>,
-    /// Each node's speed outside throttles and ideals.
-    pub base_speed: BTreeMap<String, f64>,
-    done: usize,
-    total: usize,
-}
-
-impl State {
-    pub fn new(results: Results) -> State {
-        State {
-            results,
-            standalone: BTreeMap::new(),
-            base_speed: BTreeMap::new(),
-            done: 0,
-            total: 0,
-        }
-    }
-}
-
-pub fn say(msg: &str) {
-    println!("{msg}");
-}
-
-/// A model's name in job names.
-pub fn short(model: &str) -> &str {
-    match model {
-        "simple_cnn" => "cnn",
-        m => m,
-    }
-}
+pub use super::state::{say, short, State};
 
 /// The ideals of one round: sequential and concurrent, at the scenario's
 /// speeds and (throttle scenario) with the node throttled.

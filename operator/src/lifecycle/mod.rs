@@ -235,7 +235,7 @@ pub fn decide(v: &ValidatedJob, obs: &Observed, now: &Timestamp) -> Decision {
                 d.event(
                     true,
                     reasons::EPHEMERAL_STORAGE,
-                    crate::status::EPHEMERAL_MESSAGE,
+                    crate::conditions::EPHEMERAL_MESSAGE,
                 );
             }
         }

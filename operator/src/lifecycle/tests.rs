@@ -109,7 +109,11 @@ fn new_job_creates_the_gang() {
         events(&d),
         [
             (false, "GangCreated", CREATED_MSG),
-            (true, "EphemeralStorage", crate::status::EPHEMERAL_MESSAGE)
+            (
+                true,
+                "EphemeralStorage",
+                crate::conditions::EPHEMERAL_MESSAGE
+            )
         ]
     );
     assert_eq!(

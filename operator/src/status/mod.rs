@@ -68,12 +68,6 @@ pub fn invalid(job: &HeteroTrainingJob, message: &str, now: &Time) -> HeteroTrai
     s
 }
 
-/// What `Durable=False` says: where the files are and how to keep them.
-pub const EPHEMERAL_MESSAGE: &str =
-    "checkpoints and the trained model are written to rank 0's emptyDir \
-     and are lost with the pod (a drain, an eviction, the job's deletion or TTL); set \
-     spec.checkpoint.claimName to a PersistentVolumeClaim to keep them";
-
 /// `Durable`: True with a checkpoint claim, else False with what to do.
 pub fn durability(v: &ValidatedJob) -> Desired {
     use conditions::{reasons, types};
@@ -89,7 +83,7 @@ pub fn durability(v: &ValidatedJob) -> Desired {
         None => Desired::no(
             types::DURABLE,
             reasons::EPHEMERAL_STORAGE,
-            EPHEMERAL_MESSAGE,
+            conditions::EPHEMERAL_MESSAGE,
         ),
     }
 }

@@ -387,7 +387,7 @@ impl TrainerMetrics {
 
 pub use heterotrain_crds::metrics::openmetrics_to_text;
 
-mod serve;
+pub(crate) mod serve;
 
 pub use quota::QuotaMeter;
 use serve::process_cpu_seconds;
