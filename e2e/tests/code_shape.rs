@@ -37,7 +37,6 @@ const KNOWN_LONG: &[(&str, usize)] = &[
     ("operator/src/build/args.rs::trainer_settings", 82),
     ("operator/src/build/pod.rs::pod", 156),
     ("operator/src/controller.rs::run", 94),
-    ("operator/src/lifecycle/mod.rs::decide", 361),
     ("operator/src/main.rs::run", 98),
     ("operator/src/metrics.rs::new", 85),
     ("operator/src/rebalance/step.rs::step", 234),

@@ -13,6 +13,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
 
 use super::*;
+use crate::conditions as cond;
 use crate::fetch::RankPod;
 use crate::plan::{self, Stored};
 use crate::status::{self, Extras};
