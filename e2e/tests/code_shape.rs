@@ -42,9 +42,6 @@ const KNOWN_LONG: &[(&str, usize)] = &[
     ("operator/src/rebalance/step.rs::step", 234),
     ("operator/src/reconcile.rs::reconcile_job", 119),
     ("operator/src/status/mod.rs::next", 101),
-    ("operator/src/validate/model_rules.rs::model_and_data", 102),
-    ("operator/src/validate/pod_rules.rs::check_group", 146),
-    ("operator/src/validate/rules.rs::validate", 283),
     ("operator/src/webhook/mod.rs::run", 83),
 ];
 

@@ -8,7 +8,7 @@ use heterotrain_crds::{HeteroTrainingJobSpec, ModelName};
 pub(super) fn model_and_data(
     model: &heterotrain_crds::ModelSpec,
     dataset: &heterotrain_crds::DatasetSpec,
-    bad: &mut impl FnMut(&str, String),
+    bad: &mut dyn FnMut(&str, String),
 ) {
     let text_model = model.name == ModelName::Gpt;
     let text_data = dataset.name.is_text();
@@ -27,6 +27,18 @@ pub(super) fn model_and_data(
             ),
         );
     }
+    torchscript(model, dataset, text_data, bad);
+    sizes(model, text_model, bad);
+    data_source(model, dataset, bad);
+}
+
+/// A TorchScript model: its file, and data read from files (or tokens).
+fn torchscript(
+    model: &heterotrain_crds::ModelSpec,
+    dataset: &heterotrain_crds::DatasetSpec,
+    text_data: bool,
+    bad: &mut dyn FnMut(&str, String),
+) {
     let scripted = model.name == ModelName::Torchscript;
     match &model.file {
         None if scripted => bad(
@@ -54,6 +66,10 @@ pub(super) fn model_and_data(
             ),
         );
     }
+}
+
+/// The model's sizes: the schema's minimums, heads dividing the width.
+fn sizes(model: &heterotrain_crds::ModelSpec, text_model: bool, bad: &mut dyn FnMut(&str, String)) {
     // The schema's minimums, again here: a spec may reach validation
     // without the API server's schema (a dry run, a CRD installed by hand).
     for (field, value, min) in [
@@ -78,6 +94,15 @@ pub(super) fn model_and_data(
             );
         }
     }
+}
+
+/// Where the data comes from: files need a path; synthetic data fits the
+/// memory limit.
+fn data_source(
+    model: &heterotrain_crds::ModelSpec,
+    dataset: &heterotrain_crds::DatasetSpec,
+    bad: &mut dyn FnMut(&str, String),
+) {
     if dataset.name.from_files() && dataset.path.is_none() && dataset.claim_name.is_none() {
         bad(
             "spec.dataset",

@@ -106,6 +106,18 @@ pub fn check_group(
     g: &WorkerGroup,
     bad: &mut dyn FnMut(&str, String),
 ) {
+    let user_volumes = volumes(i, g, bad);
+    mounts(spec, i, g, &user_volumes, bad);
+    metadata(i, g, bad);
+}
+
+/// The group's volumes: names (unique, none of the operator's) and kinds
+/// that PodSecurity restricted allows. Returns the volumes' names.
+fn volumes<'g>(
+    i: usize,
+    g: &'g WorkerGroup,
+    bad: &mut dyn FnMut(&str, String),
+) -> BTreeSet<&'g str> {
     let f = |x: &str| format!("spec.workers[{i}].{x}");
     let mut user_volumes = BTreeSet::new();
     for (j, v) in g.volumes.iter().enumerate() {
@@ -150,6 +162,19 @@ pub fn check_group(
             }
         }
     }
+    user_volumes
+}
+
+/// The group's mounts: absolute, not where the operator mounts, not twice,
+/// and of a volume the group has.
+fn mounts(
+    spec: &HeteroTrainingJobSpec,
+    i: usize,
+    g: &WorkerGroup,
+    user_volumes: &BTreeSet<&str>,
+    bad: &mut dyn FnMut(&str, String),
+) {
+    let f = |x: &str| format!("spec.workers[{i}].{x}");
     let own = operator_mounts(spec, g);
     let mut paths = BTreeSet::new();
     for (j, m) in g.volume_mounts.iter().enumerate() {
@@ -192,6 +217,11 @@ pub fn check_group(
             );
         }
     }
+}
+
+/// Labels, annotations, /dev/shm size, class names and pull secrets.
+fn metadata(i: usize, g: &WorkerGroup, bad: &mut dyn FnMut(&str, String)) {
+    let f = |x: &str| format!("spec.workers[{i}].{x}");
     for (key, value) in &g.pod_labels {
         if is_operator_label(key) {
             bad(

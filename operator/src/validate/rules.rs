@@ -5,7 +5,7 @@
 
 use heterotrain_crds::resources::{cpu_limit, whole_cpus};
 use heterotrain_crds::trainer::env;
-use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource};
+use heterotrain_crds::{Backend, Device, HeteroTrainingJobSpec, MetricsSource, WorkerGroup};
 
 use crate::names;
 
@@ -68,23 +68,73 @@ fn decimal(s: &str) -> Option<f64> {
     s.trim().parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
+/// Where each check reports a problem: the field and what to do.
+type Bad<'a> = &'a mut dyn FnMut(&str, String);
+
 /// Check `spec` of job `name`. `default_prometheus` is the operator's
 /// `--prometheus-url`, which satisfies `metricsSource: prometheus` jobs
-/// without their own URL.
+/// without their own URL. The checks run in order (the problems come in
+/// the order of the spec's sections), each reporting every problem it
+/// finds.
 pub fn validate(
     name: &str,
     spec: &HeteroTrainingJobSpec,
     default_prometheus: Option<&str>,
 ) -> Result<(), Vec<Problem>> {
     let mut p = Vec::new();
-    let mut bad = |field: &str, message: String| {
+    let mut sink = |field: &str, message: String| {
         p.push(Problem {
             field: field.to_string(),
             message,
         })
     };
-
+    let bad: Bad = &mut sink;
     let ranks: u64 = spec.workers.iter().map(|g| u64::from(g.replicas)).sum();
+    name_and_ranks(name, spec, ranks, bad);
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, g) in spec.workers.iter().enumerate() {
+        if !seen.insert(g.name.as_str()) {
+            bad(
+                &format!("spec.workers[{i}].name"),
+                format!(
+                    "group name {:?} is used twice; group names must be unique",
+                    g.name
+                ),
+            );
+        }
+        group(spec, i, g, bad);
+    }
+    commands_and_backend(spec, ranks, bad);
+    batches(spec, ranks, bad);
+    training(spec, default_prometheus, bad);
+    model_and_dataset(spec, bad);
+    super::checkpoint_rules::check_checkpoint(name, spec, bad);
+    if spec.profiling.probe_batch_sizes.contains(&0) {
+        bad(
+            "spec.profiling.probeBatchSizes",
+            "probe batch sizes must be ≥ 1".into(),
+        );
+    }
+    super::network_rules::check_egress(spec, bad);
+    if spec.master_port == spec.metrics_port {
+        bad(
+            "spec.metricsPort",
+            format!(
+                "metricsPort {} is also masterPort; use two different ports",
+                spec.metrics_port
+            ),
+        );
+    }
+    if p.is_empty() {
+        Ok(())
+    } else {
+        Err(p)
+    }
+}
+
+/// The job's name (a DNS-1035 label that leaves room for the pods'
+/// hostnames) and its number of ranks.
+fn name_and_ranks(name: &str, spec: &HeteroTrainingJobSpec, ranks: u64, bad: Bad) {
     let last_rank = ranks.saturating_sub(1);
     if !is_dns1035_label(name) || name.len() + 1 + last_rank.to_string().len() > 63 {
         bad(
@@ -110,76 +160,73 @@ pub fn validate(
             format!("{ranks} ranks in total; at most {MAX_RANKS} are supported"),
         );
     }
-    let mut seen = std::collections::BTreeSet::new();
-    for (i, g) in spec.workers.iter().enumerate() {
-        let f = |x: &str| format!("spec.workers[{i}].{x}");
-        if !seen.insert(g.name.as_str()) {
-            bad(
-                &f("name"),
-                format!(
-                    "group name {:?} is used twice; group names must be unique",
-                    g.name
-                ),
-            );
-        }
-        if g.replicas == 0 {
-            bad(&f("replicas"), format!("group {:?} has 0 replicas", g.name));
-        }
-        let gpus = g.resources.as_ref().and_then(|r| {
-            r.limits
-                .as_ref()
-                .and_then(|l| l.get("nvidia.com/gpu"))
-                .or_else(|| r.requests.as_ref().and_then(|q| q.get("nvidia.com/gpu")))
-        });
-        match g.device {
-            Device::Cuda if gpus.is_none() => bad(
-                &f("resources"),
-                format!(
-                    "group {:?} trains on cuda but requests no GPU; add resources.limits.\"nvidia.com/gpu\": 1",
-                    g.name
-                ),
-            ),
-            Device::Cpu if gpus.is_some() => bad(
-                &f("device"),
-                format!(
-                    "group {:?} requests nvidia.com/gpu but trains on cpu; set device: cuda or drop the GPU request",
-                    g.name
-                ),
-            ),
-            _ => {}
-        }
-        if let Some(cpu) = cpu_limit(g.resources.as_ref()) {
-            if whole_cpus(&cpu.0).is_none() {
-                bad(
-                    &f("resources.limits.cpu"),
-                    format!("cpu limit {:?} is not a valid quantity", cpu.0),
-                );
-            }
-        }
-        for e in &g.env {
-            if RESERVED_ENV.contains(&e.name.as_str()) {
-                bad(
-                    &f("env"),
-                    format!("{} is set by the operator and cannot be overridden", e.name),
-                );
-            }
-        }
-        if !g.args.is_empty() && g.command.is_empty() && spec.command.is_empty() {
-            bad(
-                &f("args"),
-                format!(
-                    "group {:?} sets args but no command runs them: the built-in trainer's flags come from the spec; set command (the group's or spec.command) to run your own trainer",
-                    g.name
-                ),
-            );
-        }
-        if g.command.iter().any(|c| c.trim().is_empty()) {
-            bad(&f("command"), "command entries must not be empty".into());
-        }
-        super::pod_rules::check_group(spec, i, g, &mut bad);
+}
+
+/// One worker group: replicas, device and GPUs, the CPU limit, reserved
+/// env vars, commands, and the pod rules ([`super::pod_rules`]).
+fn group(spec: &HeteroTrainingJobSpec, i: usize, g: &WorkerGroup, bad: Bad) {
+    let f = |x: &str| format!("spec.workers[{i}].{x}");
+    if g.replicas == 0 {
+        bad(&f("replicas"), format!("group {:?} has 0 replicas", g.name));
     }
+    let gpus = g.resources.as_ref().and_then(|r| {
+        r.limits
+            .as_ref()
+            .and_then(|l| l.get("nvidia.com/gpu"))
+            .or_else(|| r.requests.as_ref().and_then(|q| q.get("nvidia.com/gpu")))
+    });
+    match g.device {
+        Device::Cuda if gpus.is_none() => bad(
+            &f("resources"),
+            format!(
+                "group {:?} trains on cuda but requests no GPU; add resources.limits.\"nvidia.com/gpu\": 1",
+                g.name
+            ),
+        ),
+        Device::Cpu if gpus.is_some() => bad(
+            &f("device"),
+            format!(
+                "group {:?} requests nvidia.com/gpu but trains on cpu; set device: cuda or drop the GPU request",
+                g.name
+            ),
+        ),
+        _ => {}
+    }
+    if let Some(cpu) = cpu_limit(g.resources.as_ref()) {
+        if whole_cpus(&cpu.0).is_none() {
+            bad(
+                &f("resources.limits.cpu"),
+                format!("cpu limit {:?} is not a valid quantity", cpu.0),
+            );
+        }
+    }
+    for e in &g.env {
+        if RESERVED_ENV.contains(&e.name.as_str()) {
+            bad(
+                &f("env"),
+                format!("{} is set by the operator and cannot be overridden", e.name),
+            );
+        }
+    }
+    if !g.args.is_empty() && g.command.is_empty() && spec.command.is_empty() {
+        bad(
+            &f("args"),
+            format!(
+                "group {:?} sets args but no command runs them: the built-in trainer's flags come from the spec; set command (the group's or spec.command) to run your own trainer",
+                g.name
+            ),
+        );
+    }
+    if g.command.iter().any(|c| c.trim().is_empty()) {
+        bad(&f("command"), "command entries must not be empty".into());
+    }
+    super::pod_rules::check_group(spec, i, g, bad);
+}
+
+/// Scheduling, the job's own command and args, and the backend.
+fn commands_and_backend(spec: &HeteroTrainingJobSpec, ranks: u64, bad: Bad) {
     if let Some(policy) = &spec.run_policy.scheduling_policy {
-        super::pod_rules::check_scheduling(policy, ranks, &mut bad);
+        super::pod_rules::check_scheduling(policy, ranks, bad);
     }
     if !spec.args.is_empty() && spec.command.is_empty() {
         bad(
@@ -201,7 +248,10 @@ pub fn validate(
             );
         }
     }
+}
 
+/// The global batch against the ranks' local-batch bounds.
+fn batches(spec: &HeteroTrainingJobSpec, ranks: u64, bad: Bad) {
     let lb = &spec.load_balancing;
     let t = &spec.training;
     let min_local = spec.effective_min_local_batch();
@@ -255,6 +305,11 @@ pub fn validate(
             );
         }
     }
+}
+
+/// The metrics source and the training hyper-parameters.
+fn training(spec: &HeteroTrainingJobSpec, default_prometheus: Option<&str>, bad: Bad) {
+    let (lb, t) = (&spec.load_balancing, &spec.training);
     if lb.metrics_source == MetricsSource::Prometheus
         && lb.prometheus_url.is_none()
         && default_prometheus.is_none()
@@ -295,8 +350,12 @@ pub fn validate(
             );
         }
     }
+}
+
+/// The built-in trainer's model and dataset, and the fields only it reads.
+fn model_and_dataset(spec: &HeteroTrainingJobSpec, bad: Bad) {
     match (&spec.model, &spec.dataset) {
-        (Some(model), Some(dataset)) => model_and_data(model, dataset, &mut bad),
+        (Some(model), Some(dataset)) => model_and_data(model, dataset, bad),
         _ if spec.runs_builtin_trainer() => {
             for (field, missing) in [
                 ("spec.model", spec.model.is_none()),
@@ -330,27 +389,5 @@ pub fn validate(
                 "only the built-in trainer reads it, and every group runs its own command: pass it to your script (args, env), or remove it".into(),
             );
         }
-    }
-    super::checkpoint_rules::check_checkpoint(name, spec, &mut bad);
-    if spec.profiling.probe_batch_sizes.contains(&0) {
-        bad(
-            "spec.profiling.probeBatchSizes",
-            "probe batch sizes must be ≥ 1".into(),
-        );
-    }
-    super::network_rules::check_egress(spec, &mut bad);
-    if spec.master_port == spec.metrics_port {
-        bad(
-            "spec.metricsPort",
-            format!(
-                "metricsPort {} is also masterPort; use two different ports",
-                spec.metrics_port
-            ),
-        );
-    }
-    if p.is_empty() {
-        Ok(())
-    } else {
-        Err(p)
     }
 }
