@@ -4,12 +4,14 @@
 //! staleness rules on top of the optimal split, and leaving out ranks that
 //! only slow the step down ([`crate::subset`]).
 
-use crate::exchange::{self, Link};
 use crate::measured::Measured;
 use crate::model::{fit_profile, valid_sample, PushOutcome};
 use crate::policy::{best_estimate, live_fixed};
 use crate::rank::RankState;
 use crate::{balance_quality, BalancerConfig, BalancerError, Quality, StepModel};
+
+mod links;
+mod smoothed;
 
 /// Balancer for one job. Pure: no I/O, no clock; call `observe_*` as data
 /// arrives and [`Balancer::decide`] every rebalance interval.
@@ -145,64 +147,6 @@ impl Balancer {
         Ok(())
     }
 
-    /// One live measurement of `rank`'s exposed communication per step
-    /// (seconds of the step not spent computing: waiting for peers and the
-    /// exchanges themselves), smoothed exponentially.
-    pub fn observe_communication(
-        &mut self,
-        rank: usize,
-        seconds: f64,
-    ) -> Result<(), BalancerError> {
-        let r = self.rank_mut(rank)?;
-        let seconds = non_negative(rank, seconds, "communication seconds")?;
-        r.communication = Some(smooth(
-            r.communication,
-            seconds,
-            COMMUNICATION_SMOOTHING,
-            COMMUNICATION_SMOOTHING,
-        ));
-        Ok(())
-    }
-
-    /// How far `rank`'s slow steps' compute runs over its typical one (the
-    /// trainer's 90th percentile minus median of recent steps), smoothed
-    /// exponentially: up fast, down slowly. A synchronous step waits for
-    /// the slowest rank of *that* step, so the live policies (dynamic,
-    /// hybrid) plan each rank at its typical compute plus this spread
-    /// (weighted by [`crate::spread_weight`]): a rank whose compute
-    /// jumps (a CPU quota's next period) gets fewer samples than its mean
-    /// alone would give it, and holds the others up less often. Errors
-    /// when `seconds` is not finite and ≥ 0.
-    pub fn observe_compute_spread(
-        &mut self,
-        rank: usize,
-        seconds: f64,
-    ) -> Result<(), BalancerError> {
-        let r = self.rank_mut(rank)?;
-        let seconds = non_negative(rank, seconds, "compute spread seconds")?;
-        r.spread = Some(smooth(r.spread, seconds, SPREAD_RISE, SPREAD_FALL));
-        Ok(())
-    }
-
-    /// The share of its CPU quota `rank` used over a recent interval (CPU
-    /// time over the quota's allowance; 1 = every period's quota spent),
-    /// smoothed exponentially. A rank saturated on its quota cannot run
-    /// faster, whatever it waits for: when it is also the slowest per
-    /// sample and trains few samples, a leave-out trial needs no excess of
-    /// the measured step over the predicted one (see `measured.rs`).
-    /// Errors when `ratio` is not finite and ≥ 0.
-    pub fn observe_quota_use(&mut self, rank: usize, ratio: f64) -> Result<(), BalancerError> {
-        let r = self.rank_mut(rank)?;
-        let ratio = non_negative(rank, ratio, "CPU quota use")?;
-        r.quota_use = Some(smooth(
-            r.quota_use,
-            ratio,
-            QUOTA_USE_SMOOTHING,
-            QUOTA_USE_SMOOTHING,
-        ));
-        Ok(())
-    }
-
     /// One measured wall-clock step of `rank` at local batch `batch`: its
     /// compute plus its exposed communication, the whole synchronous step
     /// as it saw it (an average over several steps is one sample). The
@@ -230,94 +174,6 @@ impl Balancer {
             r.step_time.1 = r.step_time.1.saturating_add(1);
         }
         Ok(())
-    }
-
-    /// The communication per step that no split removes: the smallest
-    /// smoothed exposed communication over the ranks that train (not those
-    /// left out of the last decided plan). Under a balanced
-    /// plan the rank on the critical path waits for nobody, so what it
-    /// reports is the exchange itself; the others add their waiting on
-    /// top. Before any live measurement, the exchange the start-up figures
-    /// predict for those ranks ([`Balancer::observe_link`]); else 0.
-    pub fn communication_seconds(&self) -> f64 {
-        self.live_communication()
-            .or_else(|| Some(self.exchange()?.seconds(&self.members())))
-            .unwrap_or(0.0)
-    }
-
-    /// The smallest smoothed exposed communication over the ranks that
-    /// train.
-    fn live_communication(&self) -> Option<f64> {
-        self.ranks
-            .iter()
-            .filter(|r| !r.left_out)
-            .filter_map(|r| r.communication)
-            .reduce(f64::min)
-    }
-
-    /// 1 for each rank that trains (not left out of the last plan), else 0.
-    fn members(&self) -> Vec<u32> {
-        self.ranks.iter().map(|r| u32::from(!r.left_out)).collect()
-    }
-
-    /// Start-up communication figures of `rank`: the seconds of a small
-    /// all-reduce and the bytes/s of its slowest link (rank to rank, else
-    /// the group's all-reduce bus bandwidth). With every rank's figures and
-    /// [`Balancer::set_gradient_bytes`], the balancer predicts each
-    /// membership's gradient exchange (see `exchange.rs`): the
-    /// communication it reports before live measurements, and, once the
-    /// live exposed communication calibrated it, a term of the step when
-    /// it chooses which ranks train.
-    pub fn observe_link(
-        &mut self,
-        rank: usize,
-        latency_seconds: f64,
-        bandwidth_bytes_per_second: f64,
-    ) -> Result<(), BalancerError> {
-        let r = self.rank_mut(rank)?;
-        if !(latency_seconds.is_finite()
-            && latency_seconds >= 0.0
-            && bandwidth_bytes_per_second.is_finite()
-            && bandwidth_bytes_per_second > 0.0)
-        {
-            return Err(BalancerError::InvalidSample {
-                rank,
-                reason: format!(
-                    "latency {latency_seconds} s, link bandwidth {bandwidth_bytes_per_second} B/s"
-                ),
-            });
-        }
-        r.link = Some(Link {
-            latency_seconds,
-            bandwidth_bytes_per_second,
-        });
-        Ok(())
-    }
-
-    /// Bytes of gradient each step exchanges (the model's trainable
-    /// parameters); 0 forgets it.
-    pub fn set_gradient_bytes(&mut self, bytes: u64) {
-        self.gradient_bytes = (bytes > 0).then_some(bytes as f64);
-    }
-
-    /// Seconds of the gradient exchange among the ranks that train under
-    /// `batches` that the step exposes, as the start-up figures predict
-    /// it (scaled by the exposed fraction measured live, once there is
-    /// one); `None` until every rank's figures and the gradient size are
-    /// known.
-    pub fn predicted_exchange_seconds(&self, batches: &[u32]) -> Option<f64> {
-        Some(self.exchange()?.seconds(batches))
-    }
-
-    /// The exchange model, when every rank has figures.
-    /// Calibrated by the live exposed communication: with overlap only
-    /// part of the exchange lengthens the step.
-    pub(crate) fn exchange(&self) -> Option<exchange::Model> {
-        let m = exchange::model(
-            self.gradient_bytes,
-            self.ranks.iter().map(|r| r.link).collect(),
-        )?;
-        Some(m.calibrated(self.live_communication(), &self.members()))
     }
 
     /// The caller knows `rank` stopped reporting: until it reports again it
@@ -386,40 +242,3 @@ impl Balancer {
         self.ranks.iter_mut().map(best_estimate).collect()
     }
 }
-
-/// `seconds` when finite and ≥ 0, else the sample error for `rank`.
-fn non_negative(rank: usize, seconds: f64, what: &str) -> Result<f64, BalancerError> {
-    if seconds.is_finite() && seconds >= 0.0 {
-        Ok(seconds)
-    } else {
-        Err(BalancerError::InvalidSample {
-            rank,
-            reason: format!("{what} {seconds}"),
-        })
-    }
-}
-
-/// Exponential smoothing of `new` into `old`, with weight `rise` for a
-/// sample above the smoothed value and `fall` for one below.
-fn smooth(old: Option<f64>, new: f64, rise: f64, fall: f64) -> f64 {
-    match old {
-        Some(old) if new >= old => old + rise * (new - old),
-        Some(old) => old + fall * (new - old),
-        None => new,
-    }
-}
-
-/// Weights of a new spread sample above and below the smoothed one. A
-/// rank's spread depends on its batch: the smaller batch its spread earns
-/// it shows a smaller spread (in the bench a 0.15-core rank's p90 − median
-/// was 27.8 ms at 10 samples, 13.9 ms at 4), and a spread that fell as
-/// fast as it rose would follow it down and hand samples back. With
-/// symmetric smoothing that bench run went [62, 46, 16, 4] → [51, 41, 21,
-/// 15] after nine seconds, at two thirds of the rate.
-const SPREAD_RISE: f64 = 0.5;
-const SPREAD_FALL: f64 = 0.05;
-
-/// Weight of a new communication sample in the smoothed estimate.
-const COMMUNICATION_SMOOTHING: f64 = 0.3;
-/// Weight of a new CPU quota use sample.
-const QUOTA_USE_SMOOTHING: f64 = 0.5;

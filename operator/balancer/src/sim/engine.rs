@@ -144,130 +144,236 @@ pub fn run_with(
     seed: u64,
 ) -> Result<RunReport, BalancerError> {
     let sc = scenario;
-    let mut rng = Rng::new(seed);
-    let mut ranks: Vec<Live> = sc
-        .ranks
-        .iter()
-        .cloned()
-        .map(|rank| Live {
-            rank,
-            slowdown: 1.0,
-        })
-        .collect();
-    let mut bal = Balancer::new(cfg.clone(), ranks.len())?;
-    for (i, r) in ranks.iter().enumerate() {
-        profile(&mut bal, i, r, &mut rng, sc)?;
-    }
-    let mut plan = bal.decide(&[])?.plan.unwrap_or_default();
-    let mut oracle = oracle_times(&ranks, &cfg)?;
+    let mut sim = Sim::start(sc, cfg, seed)?;
     let interval = sc.interval.max(1);
-
-    let mut report = RunReport::new(cfg.policy);
-    let mut plan_changes = 0u64;
-    let (mut total_time, mut ideal_time, mut cv_sum) = (0.0, 0.0, 0.0);
-    let (mut iv_time, mut iv_ideal, mut iv_cv, mut iv_start, mut iv_changes_before) =
-        (0.0, 0.0, 0.0, 0u64, 0u64);
-    let mut compute = Vec::with_capacity(ranks.len());
-
+    let mut totals = Sums::default();
+    let mut window = Window::default();
     for step in 0..sc.steps {
+        sim.apply_events(step)?;
+        let out = sim.step();
+        sim.feed(&out);
+        totals.add(&out);
+        window.sums.add(&out);
+        if (step + 1) % interval == 0 || step + 1 == sc.steps {
+            sim.report.intervals.push(window.report(step));
+            sim.decide()?;
+            window = Window {
+                start: step + 1,
+                changes_before: sim.plan_changes,
+                sums: Sums::default(),
+            };
+        }
+    }
+    let samples = f64::from(sc.global_batch) * sc.steps as f64;
+    sim.report.finish(
+        samples,
+        totals.time,
+        totals.ideal,
+        totals.cv / sc.steps.max(1) as f64,
+        sim.plan_changes,
+        sim.plan,
+    );
+    Ok(sim.report)
+}
+
+/// A run in progress: the simulated ranks, the balancer they feed, the
+/// plan it decided last and the report so far.
+struct Sim<'a> {
+    sc: &'a Scenario,
+    cfg: BalancerConfig,
+    rng: Rng,
+    ranks: Vec<Live>,
+    bal: Balancer,
+    /// The plan the ranks run.
+    plan: Vec<u32>,
+    /// Per-rank compute time of the oracle split ([`oracle_times`]).
+    oracle: Vec<f64>,
+    report: RunReport,
+    /// Decisions that changed the plan so far.
+    plan_changes: u64,
+    /// Per-rank compute time of the step just simulated.
+    compute: Vec<f64>,
+}
+
+/// What one simulated step took.
+struct StepOutcome {
+    /// The step: the slowest rank's compute plus the exchange.
+    step_time: f64,
+    /// The oracle split's step under the same noise.
+    ideal_step: f64,
+    /// Coefficient of variation of the training ranks' compute, percent.
+    cv: f64,
+}
+
+/// Running sums of step time, ideal step time and CV.
+#[derive(Default)]
+struct Sums {
+    time: f64,
+    ideal: f64,
+    cv: f64,
+}
+
+impl Sums {
+    fn add(&mut self, out: &StepOutcome) {
+        self.time += out.step_time;
+        self.ideal += out.ideal_step;
+        self.cv += out.cv;
+    }
+}
+
+/// The decision interval in progress.
+#[derive(Default)]
+struct Window {
+    /// Its first step.
+    start: u64,
+    /// Plan changes before it began.
+    changes_before: u64,
+    sums: Sums,
+}
+
+impl Window {
+    /// Its report, closed after `step`.
+    fn report(&self, step: u64) -> IntervalReport {
+        let steps_in = step + 1 - self.start;
+        IntervalReport {
+            start_step: self.start,
+            steps: steps_in,
+            efficiency: self.sums.ideal / self.sums.time,
+            seconds: self.sums.time,
+            ideal_seconds: self.sums.ideal,
+            cv_percent: self.sums.cv / steps_in as f64,
+            rebalances_before: self.changes_before,
+        }
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// Profiles every rank of `sc` and takes the balancer's first plan.
+    fn start(sc: &'a Scenario, cfg: BalancerConfig, seed: u64) -> Result<Self, BalancerError> {
+        let mut rng = Rng::new(seed);
+        let ranks: Vec<Live> = sc
+            .ranks
+            .iter()
+            .cloned()
+            .map(|rank| Live {
+                rank,
+                slowdown: 1.0,
+            })
+            .collect();
+        let mut bal = Balancer::new(cfg.clone(), ranks.len())?;
+        for (i, r) in ranks.iter().enumerate() {
+            profile(&mut bal, i, r, &mut rng, sc)?;
+        }
+        let plan = bal.decide(&[])?.plan.unwrap_or_default();
+        let oracle = oracle_times(&ranks, &cfg)?;
+        let report = RunReport::new(cfg.policy);
+        let compute = Vec::with_capacity(ranks.len());
+        Ok(Sim {
+            sc,
+            cfg,
+            rng,
+            ranks,
+            bal,
+            plan,
+            oracle,
+            report,
+            plan_changes: 0,
+            compute,
+        })
+    }
+
+    /// Applies the events scripted before `step` (the oracle follows).
+    fn apply_events(&mut self, step: u64) -> Result<(), BalancerError> {
+        let sc = self.sc;
         let mut changed = false;
         for ev in sc.events.iter().filter(|e| e.step == step) {
-            match &ev.kind {
-                EventKind::Slowdown { rank, factor } => {
-                    if let Some(r) = ranks.get_mut(*rank) {
-                        r.slowdown = if factor.is_finite() && *factor > 0.0 {
-                            *factor
-                        } else {
-                            1.0
-                        };
-                    }
-                }
-                EventKind::Join { rank } => {
-                    let idx = bal.add_rank();
-                    ranks.push(Live {
-                        rank: rank.clone(),
-                        slowdown: 1.0,
-                    });
-                    profile(&mut bal, idx, &ranks[idx], &mut rng, sc)?;
-                    let d = bal.decide(&plan)?;
-                    if let Some(p) = d.plan {
-                        plan = p;
-                        plan_changes += 1;
-                    }
-                    report.last_reason = d.reason;
-                }
-            }
+            self.apply(&ev.kind)?;
             changed = true;
         }
         if changed {
-            oracle = oracle_times(&ranks, &cfg)?;
+            self.oracle = oracle_times(&self.ranks, &self.cfg)?;
         }
+        Ok(())
+    }
 
-        compute.clear();
+    fn apply(&mut self, kind: &EventKind) -> Result<(), BalancerError> {
+        match kind {
+            EventKind::Slowdown { rank, factor } => {
+                if let Some(r) = self.ranks.get_mut(*rank) {
+                    r.slowdown = if factor.is_finite() && *factor > 0.0 {
+                        *factor
+                    } else {
+                        1.0
+                    };
+                }
+            }
+            EventKind::Join { rank } => {
+                let idx = self.bal.add_rank();
+                self.ranks.push(Live {
+                    rank: rank.clone(),
+                    slowdown: 1.0,
+                });
+                profile(&mut self.bal, idx, &self.ranks[idx], &mut self.rng, self.sc)?;
+                self.decide()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A balancing decision on the plan the ranks run.
+    fn decide(&mut self) -> Result<(), BalancerError> {
+        let d = self.bal.decide(&self.plan)?;
+        if let Some(p) = d.plan {
+            self.plan = p;
+            self.plan_changes += 1;
+        }
+        self.report.last_reason = d.reason;
+        Ok(())
+    }
+
+    /// Simulates one step of the plan (its per-rank compute in
+    /// `self.compute`).
+    fn step(&mut self) -> StepOutcome {
+        let sc = self.sc;
+        self.compute.clear();
         let mut slowest: f64 = 0.0;
         let mut ideal_slowest: f64 = 0.0;
-        for (i, r) in ranks.iter().enumerate() {
-            let f = noise_factor(&mut rng, sc.noise, sc.outlier_rate);
-            let b = plan.get(i).copied().unwrap_or(0);
+        for (i, r) in self.ranks.iter().enumerate() {
+            let f = noise_factor(&mut self.rng, sc.noise, sc.outlier_rate);
+            let b = self.plan.get(i).copied().unwrap_or(0);
             // A left-out rank (batch 0) trains nothing this step.
             let t = if b > 0 { r.truth().predict(b) * f } else { 0.0 };
-            compute.push(t);
+            self.compute.push(t);
             slowest = slowest.max(t);
-            ideal_slowest = ideal_slowest.max(oracle.get(i).copied().unwrap_or(0.0) * f);
+            ideal_slowest = ideal_slowest.max(self.oracle.get(i).copied().unwrap_or(0.0) * f);
         }
-        let step_time = slowest + sc.allreduce_seconds + exchange_of(&ranks, &compute);
-        let ideal_step = ideal_slowest + sc.allreduce_seconds + exchange_of(&ranks, &oracle);
-        let trained: Vec<f64> = compute.iter().copied().filter(|&t| t > 0.0).collect();
+        let step_time = slowest + sc.allreduce_seconds + exchange_of(&self.ranks, &self.compute);
+        let ideal_step =
+            ideal_slowest + sc.allreduce_seconds + exchange_of(&self.ranks, &self.oracle);
+        let trained: Vec<f64> = self.compute.iter().copied().filter(|&t| t > 0.0).collect();
         let cv = balance_quality(&trained).cv_percent;
-        for (i, &t) in compute.iter().enumerate() {
-            let b = plan.get(i).copied().unwrap_or(0);
+        StepOutcome {
+            step_time,
+            ideal_step,
+            cv,
+        }
+    }
+
+    /// Feeds the balancer what the operator would after the step just
+    /// simulated.
+    fn feed(&mut self, out: &StepOutcome) {
+        let step_time = out.step_time;
+        for (i, &t) in self.compute.iter().enumerate() {
+            let b = self.plan.get(i).copied().unwrap_or(0);
             if b == 0 {
                 continue; // left out: nothing to report
             }
             // Simulated ranks always report valid samples; ignore rejections.
-            let _ = bal.observe_step(i, b, t);
-            let _ = bal.observe_step_time(i, b, step_time);
-            let _ = bal.observe_communication(i, step_time - t);
-            let mem = f64::from(b) / f64::from(ranks[i].rank.max_batch.max(1));
-            let _ = bal.observe_utilisation(i, t / step_time, mem);
-        }
-        total_time += step_time;
-        ideal_time += ideal_step;
-        cv_sum += cv;
-        iv_time += step_time;
-        iv_ideal += ideal_step;
-        iv_cv += cv;
-
-        if (step + 1) % interval == 0 || step + 1 == sc.steps {
-            let steps_in = step + 1 - iv_start;
-            report.intervals.push(IntervalReport {
-                start_step: iv_start,
-                steps: steps_in,
-                efficiency: iv_ideal / iv_time,
-                seconds: iv_time,
-                ideal_seconds: iv_ideal,
-                cv_percent: iv_cv / steps_in as f64,
-                rebalances_before: iv_changes_before,
-            });
-            let d = bal.decide(&plan)?;
-            if let Some(p) = d.plan {
-                plan = p;
-                plan_changes += 1;
-            }
-            report.last_reason = d.reason;
-            iv_start = step + 1;
-            iv_changes_before = plan_changes;
-            (iv_time, iv_ideal, iv_cv) = (0.0, 0.0, 0.0);
+            let _ = self.bal.observe_step(i, b, t);
+            let _ = self.bal.observe_step_time(i, b, step_time);
+            let _ = self.bal.observe_communication(i, step_time - t);
+            let mem = f64::from(b) / f64::from(self.ranks[i].rank.max_batch.max(1));
+            let _ = self.bal.observe_utilisation(i, t / step_time, mem);
         }
     }
-    let samples = f64::from(sc.global_batch) * sc.steps as f64;
-    report.finish(
-        samples,
-        total_time,
-        ideal_time,
-        cv_sum / sc.steps.max(1) as f64,
-        plan_changes,
-        plan,
-    );
-    Ok(report)
 }

@@ -161,89 +161,14 @@ impl Scenario {
             events: Vec::new(),
         };
         let s = match name {
-            "four-rank" => Scenario {
-                description: "4 ranks, speeds 1 : 0.7 : 0.4 : 0.25, B = 256".into(),
-                ..base
-            },
-            "throttle" => Scenario {
-                description: "four-rank; rank 0 slows 2x at step 200, recovers at step 400".into(),
-                steps: 600,
-                events: vec![
-                    Event {
-                        step: 200,
-                        kind: EventKind::Slowdown {
-                            rank: 0,
-                            factor: 2.0,
-                        },
-                    },
-                    Event {
-                        step: 400,
-                        kind: EventKind::Slowdown {
-                            rank: 0,
-                            factor: 1.0,
-                        },
-                    },
-                ],
-                ..base
-            },
-            "homogeneous" => Scenario {
-                description: "8 identical A100 ranks, 5% noise (nothing to balance)".into(),
-                ranks: vec![SimRank::from_device(&super::devices::A100); 8],
-                noise: 0.05,
-                ..base
-            },
-            "join" => Scenario {
-                description: "four-rank; a rank of speed 0.8 joins at step 200".into(),
-                events: vec![Event {
-                    step: 200,
-                    kind: EventKind::Join {
-                        rank: SimRank::with_speed(0.8, REF_PER_SAMPLE, REF_FIXED, 1024),
-                    },
-                }],
-                ..base
-            },
-            "mixed" => Scenario {
-                description: "one rank of each of 9 device types, B = 576".into(),
-                ranks: ALL_DEVICES.iter().map(SimRank::from_device).collect(),
-                global_batch: 576,
-                allreduce_seconds: 0.020,
-                ..base
-            },
-            "big" => Scenario {
-                description: "1,024 ranks, 128 each of 8 device types, B = 131,072, 5% noise"
-                    .into(),
-                ranks: (0..1024)
-                    .map(|i| SimRank::from_device(&BIG_MIX[i % BIG_MIX.len()]))
-                    .collect(),
-                global_batch: 131_072,
-                allreduce_seconds: 0.050,
-                noise: 0.05,
-                ..base
-            },
-            "slow-node" => Scenario {
-                description: "4 ranks of speed 1 and one of speed 0.05, B = 64 (best without it)"
-                    .into(),
-                ranks: [1.0, 1.0, 1.0, 1.0, 0.05]
-                    .iter()
-                    .map(|&s| SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024))
-                    .collect(),
-                global_batch: 64,
-                ..base
-            },
-            "slow-comm" => Scenario {
-                description:
-                    "4 ranks of speed 1 and one of speed 0.1 adding 0.3 s to every exchange, B = 64 (best without it)"
-                        .into(),
-                ranks: [1.0, 1.0, 1.0, 1.0, 0.1]
-                    .iter()
-                    .map(|&s| SimRank {
-                        exchange_seconds: if s < 1.0 { SLOW_EXCHANGE } else { 0.0 },
-                        ..SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024)
-                    })
-                    .collect(),
-                global_batch: 64,
-                ..base
-            },
+            "four-rank" => four_rank(base),
+            "throttle" => throttle(base),
+            "homogeneous" => homogeneous(base),
+            "join" => join(base),
+            "mixed" => mixed(base),
+            "big" => big(base),
+            "slow-node" => slow_node(base),
+            "slow-comm" => slow_comm(base),
             _ => return None,
         };
         Some(s)
@@ -252,6 +177,126 @@ impl Scenario {
     /// Number of ranks at the start.
     pub fn world_size(&self) -> usize {
         self.ranks.len()
+    }
+}
+
+/// `four-rank`: the base scenario as it is.
+fn four_rank(base: Scenario) -> Scenario {
+    Scenario {
+        description: "4 ranks, speeds 1 : 0.7 : 0.4 : 0.25, B = 256".into(),
+        ..base
+    }
+}
+
+/// `throttle`: `four-rank` where rank 0 slows 2× at step 200 and recovers
+/// at 400.
+fn throttle(base: Scenario) -> Scenario {
+    Scenario {
+        description: "four-rank; rank 0 slows 2x at step 200, recovers at step 400".into(),
+        steps: 600,
+        events: vec![
+            Event {
+                step: 200,
+                kind: EventKind::Slowdown {
+                    rank: 0,
+                    factor: 2.0,
+                },
+            },
+            Event {
+                step: 400,
+                kind: EventKind::Slowdown {
+                    rank: 0,
+                    factor: 1.0,
+                },
+            },
+        ],
+        ..base
+    }
+}
+
+/// `homogeneous`: 8 identical A100s, 5% noise.
+fn homogeneous(base: Scenario) -> Scenario {
+    Scenario {
+        description: "8 identical A100 ranks, 5% noise (nothing to balance)".into(),
+        ranks: vec![SimRank::from_device(&super::devices::A100); 8],
+        noise: 0.05,
+        ..base
+    }
+}
+
+/// `join`: `four-rank`, and a rank of speed 0.8 joins at step 200.
+fn join(base: Scenario) -> Scenario {
+    Scenario {
+        description: "four-rank; a rank of speed 0.8 joins at step 200".into(),
+        events: vec![Event {
+            step: 200,
+            kind: EventKind::Join {
+                rank: SimRank::with_speed(0.8, REF_PER_SAMPLE, REF_FIXED, 1024),
+            },
+        }],
+        ..base
+    }
+}
+
+/// `mixed`: one rank of each of the 9 device types, B = 576.
+fn mixed(base: Scenario) -> Scenario {
+    Scenario {
+        description: "one rank of each of 9 device types, B = 576".into(),
+        ranks: ALL_DEVICES.iter().map(SimRank::from_device).collect(),
+        global_batch: 576,
+        allreduce_seconds: 0.020,
+        ..base
+    }
+}
+
+/// `big`: 1,024 ranks, 128 of each of 8 device types, B = 131,072, 5% noise.
+fn big(base: Scenario) -> Scenario {
+    Scenario {
+        description: "1,024 ranks, 128 each of 8 device types, B = 131,072, 5% noise".into(),
+        ranks: (0..1024)
+            .map(|i| SimRank::from_device(&BIG_MIX[i % BIG_MIX.len()]))
+            .collect(),
+        global_batch: 131_072,
+        allreduce_seconds: 0.050,
+        noise: 0.05,
+        ..base
+    }
+}
+
+/// `slow-node`: four ranks of speed 1 and one of speed 0.05, B = 64: even
+/// at batch 1 the slow rank's step is longer than the others' whole step,
+/// so the best plan leaves it out.
+fn slow_node(base: Scenario) -> Scenario {
+    Scenario {
+        description: "4 ranks of speed 1 and one of speed 0.05, B = 64 (best without it)".into(),
+        ranks: [1.0, 1.0, 1.0, 1.0, 0.05]
+            .iter()
+            .map(|&s| SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024))
+            .collect(),
+        global_batch: 64,
+        ..base
+    }
+}
+
+/// `slow-comm`: four ranks of speed 1 and one of speed 0.1 whose presence
+/// adds [`SLOW_EXCHANGE`] to every exchange (a pod throttled to 0.1 core:
+/// its share of the all-reduce), B = 64: its compute alone fits one sample
+/// in the others' step, so only the measured step shows that the best plan
+/// leaves it out.
+fn slow_comm(base: Scenario) -> Scenario {
+    Scenario {
+        description:
+            "4 ranks of speed 1 and one of speed 0.1 adding 0.3 s to every exchange, B = 64 (best without it)"
+                .into(),
+        ranks: [1.0, 1.0, 1.0, 1.0, 0.1]
+            .iter()
+            .map(|&s| SimRank {
+                exchange_seconds: if s < 1.0 { SLOW_EXCHANGE } else { 0.0 },
+                ..SimRank::with_speed(s, REF_PER_SAMPLE, REF_FIXED, 1024)
+            })
+            .collect(),
+        global_batch: 64,
+        ..base
     }
 }
 

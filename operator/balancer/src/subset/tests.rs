@@ -1,6 +1,11 @@
 //! Unit tests of the parent module.
 
+use super::membership::Choice;
 use super::*;
+use crate::bounds::Bounds;
+use crate::exchange;
+use crate::text::secs;
+use crate::StepModel;
 
 fn m(a: f64, c: f64) -> StepModel {
     StepModel {
