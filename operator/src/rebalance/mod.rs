@@ -11,6 +11,7 @@
 
 pub mod clock;
 pub mod collect;
+mod fold;
 mod membership;
 mod profiles;
 pub mod source;

@@ -2,17 +2,16 @@
 //! balancer, report what was measured, and when a decision is due let the
 //! balancer decide and write the plan it proposes.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
-use heterotrain_crds::bottleneck::{self, PhaseTimes};
-use heterotrain_crds::{BalanceStatus, RankBottleneck, RebalanceStatus};
+use heterotrain_crds::{BatchPlan, RebalanceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
 use super::state::JobState;
-use super::{membership, profiles, source, Deps, JobKey};
+use super::{fold, membership, profiles, source, Deps, JobKey};
+use crate::balance::NewPlan;
 use crate::conditions::{reasons, types, Desired};
 use crate::error::Error;
 use crate::events::{self, EventSpec};
@@ -23,7 +22,10 @@ use crate::status::Extras;
 use crate::validate::ValidatedJob;
 
 /// The round for `v`'s state `st`, starting from the carried figures over
-/// `base`; returns the figures for status.
+/// `base`; returns the figures for status. Reads the metrics (in a task of
+/// their own), folds the reading in ([`fold`]), and when a decision is due,
+/// lets the balancer decide ([`decide`]) and writes the plan it proposes
+/// ([`write`]).
 pub(super) async fn step(
     deps: &Deps<'_>,
     v: &ValidatedJob<'_>,
@@ -52,110 +54,26 @@ pub(super) async fn step(
     let Some(reading) = deps.collector.take(&key, &tag) else {
         return x;
     };
-    let spec = v.spec();
-    let world = v.ranks();
-    let results = reading.ranks;
-    let mut sps: Vec<Option<f64>> = vec![None; world];
-    let mut gens: Vec<Option<u64>> = vec![None; world];
-    let mut new_profiles = BTreeMap::new();
-    let mut phases: Vec<Option<PhaseTimes>> = vec![None; world];
-    let mut sampled = 0usize;
-    // The job's step: the ranks' `heterotrain_step` (the global step, the
-    // same on every rank; the highest one read wins when some lag a scrape).
-    let mut job_step: Option<u64> = None;
-    for (r, res) in results.iter().enumerate().take(world) {
-        match res {
-            Ok(m) => {
-                job_step = job_step.max(m.step);
-                let had_profile = st.balancer.profiles().get(r).is_some_and(Option::is_some);
-                sampled += usize::from(st.balancer.observe(r, m));
-                gens[r] = m.plan_generation;
-                if r == 0 {
-                    x.step = m.step.or(x.step);
-                    x.epoch = m.epoch.or(x.epoch);
-                    x.total_steps = m.total_steps.or(x.total_steps);
-                }
-                if let Some(total) = m.samples_total {
-                    if let Some((prev, t)) = st.last_samples[r] {
-                        let dt = reading.at.saturating_duration_since(t).as_secs_f64();
-                        if total >= prev && dt > 0.0 {
-                            sps[r] = Some((total - prev) / dt);
-                        }
-                    }
-                    st.last_samples[r] = Some((total, reading.at));
-                }
-                if let (Some(now), Some(steps)) = (m.phase_seconds_total, m.steps_total) {
-                    if let Some((before, steps_before)) = st.last_phases[r] {
-                        phases[r] = now.per_step_since(&before, steps - steps_before);
-                    }
-                    st.last_phases[r] = Some((now, steps));
-                }
-                if !had_profile && cfg.profile_cache && !st.cached[r] {
-                    if let Some(p) = st.balancer.profiles().get(r).cloned().flatten() {
-                        new_profiles.insert(r, p);
-                    }
-                }
-            }
-            Err(e) => {
-                deps.metrics.scrape_failures.inc();
-                tracing::debug!(rank = r, error = %e, "metrics not read");
-                st.balancer.missing(r);
-            }
-        }
-    }
-    if phases.iter().any(Option::is_some) {
-        x.rank_bottlenecks = Some(rank_bottlenecks(v, &phases));
-    }
-    if sps.iter().any(Option::is_some) {
-        x.rank_samples_per_second = sps.clone();
-        x.cluster_samples_per_second = Some(sps.iter().flatten().sum());
-    }
-    let q = st.balancer.quality();
-    if sampled > 0 {
-        x.balance = Some(BalanceStatus {
-            cv_percent: q.cv_percent,
-            class: q.class.as_str().into(),
-        });
+    let folded = fold::fold(v, cfg.profile_cache, &reading, st, &mut x);
+    for _ in 0..folded.unread {
+        deps.metrics.scrape_failures.inc();
     }
     if let Some((g, t)) = st.pending {
-        if gens.iter().all(|r| r.is_some_and(|r| r >= g)) {
+        if folded.generations.iter().all(|r| r.is_some_and(|r| r >= g)) {
             deps.metrics
                 .plan_propagation
                 .observe(t.elapsed().as_secs_f64());
             st.pending = None;
         }
     }
-    profiles::store(deps, v, obs, st, new_profiles).await;
-
+    profiles::store(deps, v, obs, st, folded.new_profiles).await;
     x.conditions.clear();
-    // Only the built-in trainer profiles itself.
-    if spec.profiling.enabled && spec.runs_builtin_trainer() {
-        let n = st
-            .balancer
-            .profiles()
-            .iter()
-            .filter(|p| p.is_some())
-            .count();
-        x.conditions.push(if n == world {
-            Desired::yes(
-                types::PROFILED,
-                reasons::PROFILES_REPORTED,
-                format!("all {world} ranks reported their profile"),
-            )
-        } else {
-            Desired::no(
-                types::PROFILED,
-                reasons::AWAITING_PROFILES,
-                format!("{n} of {world} ranks reported their profile"),
-            )
-        });
-    }
-
+    x.conditions.extend(profiled(v, st));
     let now = Instant::now();
-    let interval_steps = spec.load_balancing.rebalance_interval_steps;
+    let interval_steps = v.spec().load_balancing.rebalance_interval_steps;
     let Some(decision_step) =
         st.last_decision
-            .due(job_step, now, interval_steps, cfg.rebalance_interval)
+            .due(folded.job_step, now, interval_steps, cfg.rebalance_interval)
     else {
         return x;
     };
@@ -163,7 +81,55 @@ pub(super) async fn step(
     let previous_decision = st.last_decision;
     st.last_decision.mark(decision_step, now);
     let current = plan::current_or_equal(v, x.plan.as_ref());
-    let round = match st.balancer.decide(&current) {
+    let Some(new) = decide(deps, v, st, &current, &mut x).await else {
+        return x;
+    };
+    if !write(deps, v, st, &current, new, &mut x).await {
+        st.last_decision = previous_decision;
+    }
+    x
+}
+
+/// `Profiled`: whether every rank reported its profile (only the built-in
+/// trainer profiles itself).
+fn profiled(v: &ValidatedJob<'_>, st: &JobState) -> Option<Desired> {
+    let spec = v.spec();
+    if !(spec.profiling.enabled && spec.runs_builtin_trainer()) {
+        return None;
+    }
+    let world = v.ranks();
+    let n = st
+        .balancer
+        .profiles()
+        .iter()
+        .filter(|p| p.is_some())
+        .count();
+    Some(if n == world {
+        Desired::yes(
+            types::PROFILED,
+            reasons::PROFILES_REPORTED,
+            format!("all {world} ranks reported their profile"),
+        )
+    } else {
+        Desired::no(
+            types::PROFILED,
+            reasons::AWAITING_PROFILES,
+            format!("{n} of {world} ranks reported their profile"),
+        )
+    })
+}
+
+/// The balancer's decision on `current`: the new plan, or `None` when it
+/// keeps the plan or fails (the condition, and one Warning when a failure
+/// starts, say so).
+async fn decide(
+    deps: &Deps<'_>,
+    v: &ValidatedJob<'_>,
+    st: &mut JobState,
+    current: &BatchPlan,
+    x: &mut Extras,
+) -> Option<NewPlan> {
+    let round = match st.balancer.decide(current) {
         Ok(r) => r,
         Err(e) => {
             warn!(error = %e, "balancer could not decide");
@@ -183,10 +149,10 @@ pub(super) async fn step(
                 }
                 x.conditions.push(c);
             }
-            return x;
+            return None;
         }
     };
-    let Some(new) = round.plan else {
+    if round.plan.is_none() {
         tracing::debug!(
             reason = %round.reason,
             measured_step_seconds = round.measured_step_seconds,
@@ -195,23 +161,33 @@ pub(super) async fn step(
         let kept = Outcome::Kept(&round.reason);
         x.conditions
             .extend(rebalanced(failing_in(v), current.generation, kept));
-        return x;
-    };
-    let gain = new.gain_percent;
-    let policy = new.policy;
-    let plan = match plan::advance(v, &current, new) {
+    }
+    round.plan
+}
+
+/// Writes the `new` plan after `current`, with its Events, condition and
+/// status; `false` when it could not be written (to retry).
+async fn write(
+    deps: &Deps<'_>,
+    v: &ValidatedJob<'_>,
+    st: &mut JobState,
+    current: &BatchPlan,
+    new: NewPlan,
+    x: &mut Extras,
+) -> bool {
+    let (gain, policy) = (new.gain_percent, new.policy);
+    let plan = match plan::advance(v, current, new) {
         Ok(p) => p,
         Err(e) => {
             warn!(error = %e, "balancer produced an invalid plan; not writing it");
             deps.metrics.error("invalid_plan");
-            return x;
+            return true;
         }
     };
     if let Err(e) = plan::write(deps.client, v, &plan).await {
         warn!(error = %e, "writing the plan failed");
         deps.metrics.error(e.metric_label());
-        st.last_decision = previous_decision;
-        return x;
+        return false;
     }
     deps.metrics
         .rebalances
@@ -228,9 +204,9 @@ pub(super) async fn step(
     let mut news = vec![EventSpec {
         warning: false,
         reason: reasons::REBALANCED.into(),
-        note: note.clone(),
+        note,
     }];
-    news.extend(membership::events(&current, &plan));
+    news.extend(membership::events(current, &plan));
     futures::future::join_all(
         news.iter()
             .map(|e| events::publish(deps.recorder, v.job, e)),
@@ -256,7 +232,7 @@ pub(super) async fn step(
             .map(crate::status::round3),
     });
     x.plan = Some(plan);
-    x
+    true
 }
 
 /// How a due decision ended, short of writing a plan.
@@ -303,30 +279,6 @@ fn failing(conditions: &[Condition]) -> bool {
         .iter()
         .find(|c| c.type_ == types::REBALANCED)
         .is_some_and(|c| c.status == "False" && c.reason == reasons::BALANCER_ERROR)
-}
-
-/// What bounds each training rank's step, from its per-step phase times
-/// over the last interval (`heterotrain_crds::bottleneck`), with the job's
-/// straggler threshold.
-fn rank_bottlenecks(v: &ValidatedJob<'_>, phases: &[Option<PhaseTimes>]) -> Vec<RankBottleneck> {
-    let factor = f64::from(v.spec().load_balancing.straggler_threshold_percent) / 100.0;
-    let round = |x: f64| (x * 1e5).round() / 1e5;
-    bottleneck::classify(phases, factor.max(1.01))
-        .into_iter()
-        .zip(phases)
-        .enumerate()
-        .filter_map(|(rank, (b, p))| {
-            let (b, p) = (b?, p.as_ref()?);
-            Some(RankBottleneck {
-                rank: u32::try_from(rank).ok()?,
-                bottleneck: b,
-                data_seconds: round(p.data),
-                compute_seconds: round(p.compute),
-                communication_seconds: round(p.communication),
-                update_seconds: round(p.update),
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]
