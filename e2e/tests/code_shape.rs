@@ -31,12 +31,8 @@ const KNOWN_LONG: &[(&str, usize)] = &[
     ),
     ("operator/kubectl-plugin/src/render/status.rs::status", 175),
     ("operator/src/build/args.rs::trainer_settings", 82),
-    ("operator/src/build/pod.rs::pod", 156),
     ("operator/src/controller.rs::run", 94),
-    ("operator/src/main.rs::run", 98),
     ("operator/src/metrics.rs::new", 85),
-    ("operator/src/reconcile.rs::reconcile_job", 119),
-    ("operator/src/status/mod.rs::next", 101),
     ("operator/src/webhook/mod.rs::run", 83),
 ];
 
@@ -47,7 +43,6 @@ const KNOWN_BIG: &[(&str, usize)] = &[
     ("e2e/src/bench/scale.rs", 514),
     ("e2e/src/bench/session.rs", 437),
     ("e2e/src/system/mod.rs", 448),
-    ("operator/src/reconcile.rs", 430),
     ("trainer-image/src/c10d/mod.rs", 475),
     ("trainer-image/src/profile.rs", 428),
     ("trainer-image/src/train/mod.rs", 422),

@@ -110,7 +110,29 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     pod_labels.insert(labels::RANK.into(), rank.to_string());
     pod_labels.insert(labels::RESTART.into(), inputs.restart_count.to_string());
     pod_labels.insert(labels::JOB_UID.into(), v.owner.uid.clone());
+    let (volumes, mounts) = storage(v, g, rank);
+    let container = container(v, inputs, g, rank, mounts)?;
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(v.namespace.clone()),
+            labels: Some(merged(&g.pod_labels, pod_labels)),
+            annotations: Some(merged(
+                &g.pod_annotations,
+                BTreeMap::from([(labels::SPEC_HASH_ANNOTATION.to_string(), spec_hash(spec))]),
+            )),
+            owner_references: Some(vec![v.owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(pod_spec(v, g, rank, name, container, volumes)),
+        status: None,
+    })
+}
 
+/// The environment of `rank`'s trainer: its place in the gang, where to
+/// meet, the plan, and the group's own variables last.
+fn rank_env(v: &ValidatedJob, inputs: &BuildInputs, g: &WorkerGroup, rank: u32) -> Vec<EnvVar> {
+    let spec = v.spec();
     let mut env_vars = vec![
         env(envs::RANK, rank.to_string()),
         env(envs::WORLD_SIZE, v.world_size.to_string()),
@@ -137,6 +159,13 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     }
     env_vars.extend(g.env.iter().cloned());
 
+    env_vars
+}
+
+/// The volumes and mounts of `rank`: scratch, checkpoints, data and the
+/// group's own.
+fn storage(v: &ValidatedJob, g: &WorkerGroup, rank: u32) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let spec = v.spec();
     let mut volumes = vec![empty_dir("scratch")];
     let mut mounts = vec![mount("scratch", names::SCRATCH_DIR, false)];
     // Only rank 0 reads and writes checkpoints (resumed state reaches the
@@ -167,6 +196,20 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
     }
     let (volumes, mounts) = with_user_volumes(g, volumes, mounts);
 
+    (volumes, mounts)
+}
+
+/// The trainer container of `rank`: the built-in trainer or the group's
+/// command, locked down (no privilege, read-only root, no capabilities).
+fn container(
+    v: &ValidatedJob,
+    inputs: &BuildInputs,
+    g: &WorkerGroup,
+    rank: u32,
+    mounts: Vec<VolumeMount>,
+) -> Result<Container> {
+    let spec = v.spec();
+    let env_vars = rank_env(v, inputs, g, rank);
     let port = |n: &str, p: u16| ContainerPort {
         name: Some(n.into()),
         container_port: i32::from(p),
@@ -177,7 +220,7 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
         Some((command, args)) => (command.to_vec(), args.to_vec()),
         None => (vec![TRAINER_BINARY.into()], trainer_args(spec, g)?),
     };
-    let container = Container {
+    Ok(Container {
         name: names::CONTAINER.into(),
         image: Some(
             g.image
@@ -207,50 +250,48 @@ pub fn pod(v: &ValidatedJob, inputs: &BuildInputs, rank: u32, group: usize) -> R
             ..Default::default()
         }),
         ..Default::default()
-    };
+    })
+}
 
-    Ok(Pod {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(v.namespace.clone()),
-            labels: Some(merged(&g.pod_labels, pod_labels)),
-            annotations: Some(merged(
-                &g.pod_annotations,
-                BTreeMap::from([(labels::SPEC_HASH_ANNOTATION.to_string(), spec_hash(spec))]),
-            )),
-            owner_references: Some(vec![v.owner.clone()]),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            hostname: Some(name),
-            subdomain: Some(names::service_name(&v.name)),
-            restart_policy: Some("Never".into()),
-            service_account_name: Some(names::service_account(spec)),
-            // Only rank 0 reads the plan ConfigMap: the others get no token.
-            automount_service_account_token: Some(rank == 0),
-            node_selector: (!g.node_selector.is_empty()).then(|| g.node_selector.clone()),
-            affinity: g.affinity.clone(),
-            tolerations: (!g.tolerations.is_empty()).then(|| g.tolerations.clone()),
-            image_pull_secrets: (!g.image_pull_secrets.is_empty())
-                .then(|| g.image_pull_secrets.clone()),
-            priority_class_name: g.priority_class_name.clone(),
-            runtime_class_name: g.runtime_class_name.clone(),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(RUN_AS),
-                run_as_group: Some(RUN_AS),
-                fs_group: Some(RUN_AS),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    localhost_profile: None,
-                }),
-                ..Default::default()
+/// The pod spec around `container`: hostname in the job's Service,
+/// scheduling fields of the group, the restricted security context.
+fn pod_spec(
+    v: &ValidatedJob,
+    g: &WorkerGroup,
+    rank: u32,
+    name: String,
+    container: Container,
+    volumes: Vec<Volume>,
+) -> PodSpec {
+    let spec = v.spec();
+    PodSpec {
+        hostname: Some(name),
+        subdomain: Some(names::service_name(&v.name)),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(names::service_account(spec)),
+        // Only rank 0 reads the plan ConfigMap: the others get no token.
+        automount_service_account_token: Some(rank == 0),
+        node_selector: (!g.node_selector.is_empty()).then(|| g.node_selector.clone()),
+        affinity: g.affinity.clone(),
+        tolerations: (!g.tolerations.is_empty()).then(|| g.tolerations.clone()),
+        image_pull_secrets: (!g.image_pull_secrets.is_empty())
+            .then(|| g.image_pull_secrets.clone()),
+        priority_class_name: g.priority_class_name.clone(),
+        runtime_class_name: g.runtime_class_name.clone(),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            fs_group: Some(RUN_AS),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
             }),
-            termination_grace_period_seconds: Some(30),
-            containers: vec![container],
-            volumes: Some(volumes),
             ..Default::default()
         }),
-        status: None,
-    })
+        termination_grace_period_seconds: Some(30),
+        containers: vec![container],
+        volumes: Some(volumes),
+        ..Default::default()
+    }
 }

@@ -122,7 +122,9 @@ fn remember_decision(history: &mut Vec<RebalanceStatus>, r: &RebalanceStatus) {
     history.drain(..extra);
 }
 
-/// Next status from the lifecycle `d`, the observed pods and balancing `x`.
+/// Next status from the lifecycle `d`, the observed pods and balancing `x`:
+/// the conditions, the lifecycle's fields, the balancing figures, then the
+/// progress.
 pub fn next(
     v: &ValidatedJob,
     d: &Decision,
@@ -130,9 +132,8 @@ pub fn next(
     x: &Extras,
     now: &Time,
 ) -> HeteroTrainingJobStatus {
-    let job = v.job;
     let mut s = v.status();
-    let generation = job.metadata.generation;
+    let generation = v.job.metadata.generation;
     for c in d.conditions.iter().chain(&x.conditions) {
         conditions::set(&mut s.conditions, c.clone(), generation, now);
     }
@@ -140,6 +141,15 @@ pub fn next(
         conditions::set(&mut s.conditions, c, generation, now);
     }
     conditions::set(&mut s.conditions, durability(v), generation, now);
+    lifecycle_fields(&mut s, v, d, now);
+    balancing_figures(&mut s, d, x);
+    s.groups = groups(v, d, obs, x);
+    progress_fields(&mut s, v, d, obs, x, now);
+    s
+}
+
+/// What the lifecycle decided: phase, counts, start and completion times.
+fn lifecycle_fields(s: &mut HeteroTrainingJobStatus, v: &ValidatedJob, d: &Decision, now: &Time) {
     s.phase = Some(d.phase.as_str().into());
     // Recorded with the first phase, so the directory never changes.
     s.checkpoint_dir = v
@@ -148,7 +158,7 @@ pub fn next(
         .claim_name
         .as_ref()
         .map(|_| v.checkpoint_dir());
-    s.observed_generation = generation;
+    s.observed_generation = v.job.metadata.generation;
     s.ranks = v.world_size;
     s.restarts = d.restarts;
     s.disruptions = d.disruptions;
@@ -164,6 +174,11 @@ pub fn next(
     } else {
         s.completion_time = None;
     }
+}
+
+/// What balancing measured and decided: the plan, throughput, step and
+/// epoch, balance quality, the last decision, bottlenecks.
+fn balancing_figures(s: &mut HeteroTrainingJobStatus, d: &Decision, x: &Extras) {
     if let Some(p) = &x.plan {
         s.plan_generation = p.generation;
         s.left_out_ranks = p
@@ -172,7 +187,6 @@ pub fn next(
             .filter_map(|r| u32::try_from(r).ok())
             .collect();
     }
-    s.groups = groups(v, d, obs, x);
     if let Some(v) = x.cluster_samples_per_second {
         s.cluster_samples_per_second = Some(round3(v));
     }
@@ -197,7 +211,19 @@ pub fn next(
     } else if let Some(b) = &x.rank_bottlenecks {
         s.rank_bottlenecks = b.clone();
     }
-    let old_step = job.status.as_ref().map_or(0, |o| o.step);
+}
+
+/// Progress (steps, rate, ETA), `Progressing` while running, and the last
+/// step of a finished run.
+fn progress_fields(
+    s: &mut HeteroTrainingJobStatus,
+    v: &ValidatedJob,
+    d: &Decision,
+    obs: &Observed,
+    x: &Extras,
+    now: &Time,
+) {
+    let old_step = v.job.status.as_ref().map_or(0, |o| o.step);
     s.progress = progress(
         s.progress.take(),
         x.total_steps,
@@ -210,7 +236,7 @@ pub fn next(
     if d.phase == JobPhase::Running {
         let step_seconds = steps_per_second(x, v.global_batch).map(|r| 1.0 / r);
         if let Some(c) = progressing(s.progress.as_ref(), s.step, step_seconds, now) {
-            conditions::set(&mut s.conditions, c, generation, now);
+            conditions::set(&mut s.conditions, c, v.job.metadata.generation, now);
         }
     }
     if d.phase == JobPhase::Succeeded {
@@ -222,7 +248,6 @@ pub fn next(
         }
         s.step = s.step.max(finished_step(obs, d.restarts).unwrap_or(0));
     }
-    s
 }
 
 /// The last step the current gang's ranks name in their termination

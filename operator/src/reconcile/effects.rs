@@ -1,190 +1,29 @@
-//! One reconcile of one job, as a pipeline of stages: guard → validate →
-//! fetch → lifecycle → apply (build, plan, deletes, Events) → balance →
-//! status. Each stage lives in its own module; this file only wires them.
+//! The effects of a reconcile beyond its stages' modules: refusals,
+//! carrying out the lifecycle's decision, foreign pods, a restored plan.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use heterotrain_crds::{labels, BatchPlan, HeteroTrainingJob};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
-use tracing::{instrument, warn};
+use kube::ResourceExt;
 
 use crate::build::{self, BuildInputs};
 use crate::conditions::{reasons, types, Desired};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::events::{self, EventSpec};
+use crate::events::EventSpec;
 use crate::fetch::{self, Observed};
-use crate::lifecycle::{self, Decision};
-use crate::metrics::stages;
+use crate::lifecycle::Decision;
 use crate::names;
 use crate::rebalance::JobKey;
-use crate::status::{self, Extras};
-use crate::validate::{self, Checked, ValidatedJob};
-use crate::{apply, gang, guard, plan};
-
-/// Reconcile one watched object.
-#[instrument(skip_all, fields(job = %obj.name_any(), ns = obj.namespace().unwrap_or_default()))]
-pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
-    let _timer = ctx.metrics.reconcile_timer();
-    let job = match guard::typed(&obj) {
-        Ok(j) => j,
-        Err(e) => {
-            warn!(error = %e, "skipping malformed object");
-            ctx.metrics.error(e.metric_label());
-            let ev = events::event(&EventSpec {
-                warning: true,
-                reason: reasons::MALFORMED.into(),
-                note: e.to_string(),
-            });
-            let _ = ctx
-                .recorder
-                .publish(&ev, &obj.object_ref(&guard::api_resource()))
-                .await;
-            return Ok(Action::await_change());
-        }
-    };
-    let key = JobKey::of_job(&job);
-    if job.metadata.deletion_timestamp.is_some() {
-        ctx.rebalancer.forget(&key);
-        ctx.collector.forget(&key);
-        return Ok(Action::await_change());
-    }
-    let action = reconcile_job(&job, &ctx).await?;
-    ctx.succeeded(&key);
-    Ok(action)
-}
-
-/// The pipeline. Status is patched once, at the end, except that a gang
-/// restart is counted in status before its pods are deleted (so a retry
-/// never counts it twice); the final write then only patches what changed
-/// since.
-async fn reconcile_job(job: &HeteroTrainingJob, ctx: &Context) -> Result<Action> {
-    let now = Timestamp::now();
-    // Decide from the status this replica last wrote when the watched copy
-    // has not caught up with it yet.
-    let uid = job.metadata.uid.clone().unwrap_or_default();
-    let fresher;
-    let job = match ctx.status_ahead_of(&JobKey::of_job(job), &uid, job.status.as_ref()) {
-        Some(s) => {
-            let mut j = job.clone();
-            j.status = Some(s);
-            fresher = j;
-            &fresher
-        }
-        None => job,
-    };
-    let admission = ctx.config.admission();
-    let v = match validate::check(job, admission)? {
-        Checked::Valid(v) => v,
-        Checked::Invalid {
-            namespace,
-            problems,
-        } => return refuse(ctx, job, &namespace, &problems, &now).await,
-    };
-    let mut status = status::Writer::new(&ctx.client, job, &v.namespace);
-    let t0 = Instant::now();
-    let obs = ctx.children.observe(&v.namespace, &v.name, v.uid()).await?;
-    let mut d = lifecycle::decide(&v, &obs, &now);
-    remove_foreign(ctx, &v, &obs, &mut d).await?;
-    let t_fetch = t0.elapsed();
-
-    let key = JobKey::of(&v);
-    let plan_now = match plan::current(&v, &obs.plan) {
-        Some(p) => Some(p),
-        None => restore_plan(ctx, &v, &obs, &d).await?,
-    };
-    let mut extras = ctx
-        .rebalancer
-        .carry(&key, Extras::with_plan(plan_now.clone()));
-    // A restart is counted, and an end (Failed, Succeeded) recorded, before
-    // the pods go: a retry, or a reconcile woken by their deletion, then
-    // never takes the deletion for a disruption.
-    let was = v.job.status.as_ref().and_then(|s| s.phase.as_deref());
-    let mut phase_counted = false;
-    if d.restarts != v.gang() || (d.complete && !d.delete_pods.is_empty()) {
-        if status
-            .write(status::next(&v, &d, &obs, &extras, &Time(now)))
-            .await?
-        {
-            remember(ctx, &key, &uid, &status);
-        }
-        // Counted as soon as it is written: whoever reads the new phase
-        // also finds it counted.
-        if was != Some(d.phase.as_str()) {
-            ctx.metrics.entered(&v.namespace, d.phase.as_str());
-            phase_counted = true;
-        }
-        if d.restarts != v.gang() {
-            ctx.metrics
-                .restarted(&v.namespace, d.restarts.saturating_sub(v.gang()));
-        }
-    }
-    let written = match apply_decision(ctx, &v, &d, &obs, plan_now.as_ref()).await {
-        Ok(w) => {
-            ctx.accepted(&key);
-            w
-        }
-        Err(e) => match refused(&e) {
-            // The API server refuses the job's objects (a ResourceQuota, a
-            // LimitRange, an admission policy): retrying at once cannot
-            // help; say why in the status and try again in a minute.
-            Some(why) => {
-                report_refusal(ctx, &v, &key, &mut d, why).await;
-                None
-            }
-            None => return Err(e),
-        },
-    };
-    if d.delete_job {
-        ctx.rebalancer.forget(&key);
-        ctx.collector.forget(&key);
-        return Ok(Action::await_change());
-    }
-    let t_apply = t0.elapsed();
-
-    if d.balance {
-        let base = Extras::with_plan(written.or(plan_now));
-        extras = ctx
-            .rebalancer
-            .round(&ctx.rebalance_deps(), &v, &obs, base)
-            .await;
-    } else if written.is_some() {
-        extras.plan = written;
-    }
-    let t_balance = t0.elapsed();
-
-    let patched = status
-        .write(status::next(&v, &d, &obs, &extras, &Time(now)))
-        .await?;
-    if patched {
-        remember(ctx, &key, &uid, &status);
-    }
-    if was != Some(d.phase.as_str()) && !phase_counted {
-        ctx.metrics.entered(&v.namespace, d.phase.as_str());
-    }
-    let m = &ctx.metrics;
-    m.stage(stages::FETCH, t_fetch.as_secs_f64());
-    m.stage(stages::APPLY, (t_apply - t_fetch).as_secs_f64());
-    m.stage(stages::BALANCE, (t_balance - t_apply).as_secs_f64());
-    m.stage(stages::STATUS, (t0.elapsed() - t_balance).as_secs_f64());
-    tracing::debug!(
-        fetch_ms = t_fetch.as_millis() as u64,
-        apply_ms = (t_apply - t_fetch).as_millis() as u64,
-        balance_ms = (t_balance - t_apply).as_millis() as u64,
-        status_ms = (t0.elapsed() - t_balance).as_millis() as u64,
-        patched,
-        "reconcile timing"
-    );
-    Ok(requeue(ctx, &d))
-}
+use crate::status;
+use crate::validate::{self, ValidatedJob};
+use crate::{apply, gang, plan};
 
 /// Record what `status` just wrote on job `key`.
-fn remember(ctx: &Context, key: &JobKey, uid: &str, status: &status::Writer<'_>) {
+pub(super) fn remember(ctx: &Context, key: &JobKey, uid: &str, status: &status::Writer<'_>) {
     if let Some(s) = status.current() {
         ctx.wrote_status(key, uid, s);
     }
@@ -192,7 +31,7 @@ fn remember(ctx: &Context, key: &JobKey, uid: &str, status: &status::Writer<'_>)
 
 /// `HTTP <code>: <message>` when `e` is the API server refusing a write
 /// for a reason a retry cannot fix (400, 403, 422).
-fn refused(e: &Error) -> Option<String> {
+pub(super) fn refused(e: &Error) -> Option<String> {
     match e {
         Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
             Some(format!("HTTP {} {}: {}", s.code, s.reason, s.message))
@@ -204,7 +43,7 @@ fn refused(e: &Error) -> Option<String> {
 /// Record a refused create: `Created=False` (`CreateRefused`) with the API
 /// server's words and what to check, a warning Event when that is new, and
 /// a retry in 60 s.
-async fn report_refusal(
+pub(super) async fn report_refusal(
     ctx: &Context,
     v: &ValidatedJob<'_>,
     key: &JobKey,
@@ -242,7 +81,7 @@ async fn report_refusal(
 
 /// An invalid spec: `Failed` with reason `Invalid`, an Event when that is
 /// new, and nothing else until the spec changes.
-async fn refuse(
+pub(super) async fn refuse(
     ctx: &Context,
     job: &HeteroTrainingJob,
     namespace: &str,
@@ -269,7 +108,7 @@ async fn refuse(
 /// Carry out the lifecycle decision: delete pods, create the missing ranks
 /// (with the Service and, when there is no usable one, a new plan), publish
 /// the Events, delete the job past its TTL. Returns the plan it wrote.
-async fn apply_decision(
+pub(super) async fn apply_decision(
     ctx: &Context,
     v: &ValidatedJob<'_>,
     d: &Decision,
@@ -350,7 +189,7 @@ async fn gang_wiring(ctx: &Context, v: &ValidatedJob<'_>) -> Result<Option<gang:
 /// name, deleted with `--cascade=orphan`) controls are deleted, never
 /// adopted; a rank whose name such a pod still holds is created once it
 /// is gone.
-async fn remove_foreign(
+pub(super) async fn remove_foreign(
     ctx: &Context,
     v: &ValidatedJob<'_>,
     obs: &Observed,
@@ -387,7 +226,7 @@ async fn remove_foreign(
 /// overwritten with something unusable: the plan the job's status records
 /// is written back at its own generation (the trainers hold it already, so
 /// nothing switches), with a warning Event; later plans number on from it.
-async fn restore_plan(
+pub(super) async fn restore_plan(
     ctx: &Context,
     v: &ValidatedJob<'_>,
     obs: &Observed,
@@ -417,14 +256,4 @@ async fn restore_plan(
     };
     ctx.event(v.job, &e).await;
     Ok(Some(p))
-}
-
-/// When to reconcile again: what the lifecycle asked for (5 minutes at the
-/// latest), and every scrape interval while balancing.
-fn requeue(ctx: &Context, d: &Decision) -> Action {
-    let mut after = d.requeue_after.unwrap_or(Duration::from_secs(300));
-    if d.balance {
-        after = after.min(ctx.config.scrape_interval);
-    }
-    Action::requeue(after)
 }
