@@ -21,13 +21,6 @@ pub fn trainer_settings(
     group: &WorkerGroup,
 ) -> Result<TrainerArgs, Error> {
     let mut a = TrainerArgs::defaults().map_err(|e| Error::Invalid(e.to_string()))?;
-    let number = |field: &str, v: &str| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite())
-            .ok_or_else(|| Error::Invalid(format!("spec.training.{field} {v:?} is not a number")))
-    };
     // Validation refuses a spec whose groups run the built-in trainer
     // without a model and a dataset.
     let (Some(m), Some(dataset)) = (&spec.model, &spec.dataset) else {
@@ -53,26 +46,7 @@ pub fn trainer_settings(
     if let Some(n) = dataset.synthetic_samples {
         a.data.synthetic_samples = n as usize;
     }
-    let t = &spec.training;
-    a.optim.batch_size = t.global_batch_size;
-    // maxSteps wins over epochs when both are set (see the CRD docs).
-    (a.optim.max_steps, a.optim.epochs) = match t.max_steps {
-        Some(s) => (Some(s), None),
-        None => (None, t.epochs.map(u64::from)),
-    };
-    a.optim.lr = number("learningRate", &t.learning_rate)?;
-    a.optim.optimizer = t.optimizer;
-    if let Some(v) = &t.momentum {
-        a.optim.momentum = number("momentum", v)?;
-    }
-    if let Some(v) = &t.weight_decay {
-        a.optim.weight_decay = number("weightDecay", v)?;
-    }
-    a.optim.schedule = t.schedule;
-    a.optim.warmup_steps = u64::from(t.warmup_steps);
-    a.model.batch_norm = t.batch_norm;
-    a.optim.optimizer_sharding = t.optimizer_sharding;
-    a.optim.seed = t.seed;
+    optimizer_settings(spec, &mut a)?;
     a.dist.backend = spec.backend;
     a.dist.device = group.device;
     a.dist.threads = group_threads(group) as usize;
@@ -97,6 +71,38 @@ pub fn trainer_settings(
         a.obs.no_profile = true;
     }
     Ok(a)
+}
+
+/// `spec.training` into the optimiser's settings of `a`.
+fn optimizer_settings(spec: &HeteroTrainingJobSpec, a: &mut TrainerArgs) -> Result<(), Error> {
+    let number = |field: &str, v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| Error::Invalid(format!("spec.training.{field} {v:?} is not a number")))
+    };
+    let t = &spec.training;
+    a.optim.batch_size = t.global_batch_size;
+    // maxSteps wins over epochs when both are set (see the CRD docs).
+    (a.optim.max_steps, a.optim.epochs) = match t.max_steps {
+        Some(s) => (Some(s), None),
+        None => (None, t.epochs.map(u64::from)),
+    };
+    a.optim.lr = number("learningRate", &t.learning_rate)?;
+    a.optim.optimizer = t.optimizer;
+    if let Some(v) = &t.momentum {
+        a.optim.momentum = number("momentum", v)?;
+    }
+    if let Some(v) = &t.weight_decay {
+        a.optim.weight_decay = number("weightDecay", v)?;
+    }
+    a.optim.schedule = t.schedule;
+    a.optim.warmup_steps = u64::from(t.warmup_steps);
+    a.model.batch_norm = t.batch_norm;
+    a.optim.optimizer_sharding = t.optimizer_sharding;
+    a.optim.seed = t.seed;
+    Ok(())
 }
 
 /// `heterotrain-trainer` arguments (after the binary) for one rank of `group`.

@@ -58,80 +58,112 @@ pub async fn run(ctx: Arc<Context>, opts: Options) -> Result<()> {
         .with_context(|| format!("binding the webhook on {}", opts.addr))?;
     let certs = Arc::new(Certs::default());
     match opts.certs {
-        CertSource::Files(dir) => {
-            let mut files = CertDir::new(&dir);
-            if let Some((cert, key)) = files.changed()? {
-                certs.set(&cert, &key)?;
-            }
-            let certs = Arc::clone(&certs);
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(REFRESH).await;
-                    match files.changed() {
-                        Ok(Some((cert, key))) => match certs.set(&cert, &key) {
-                            Ok(()) => tracing::info!("webhook: serving the rotated certificate"),
-                            Err(e) => {
-                                tracing::warn!(error = %format!("{e:#}"), "webhook: the rotated certificate is unusable; keeping the old one")
-                            }
-                        },
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %format!("{e:#}"), "webhook: reading the certificate files")
-                        }
-                    }
-                }
-            });
-        }
+        CertSource::Files(dir) => from_files(&dir, &certs)?,
         CertSource::SelfSigned {
             namespace,
             secret,
             service,
             configuration,
         } => {
-            let names = certs::service_names(&service, &namespace);
-            let mut tries = 0;
-            let pem = loop {
-                match certs::ensure_secret(&ctx.client, &namespace, &secret, &names).await {
-                    Ok(p) => break p,
-                    Err(e) if tries < 5 => {
-                        tries += 1;
-                        tracing::warn!(error = %format!("{e:#}"), "webhook: getting the certificate; retrying");
-                        tokio::time::sleep(Duration::from_secs(2 * tries)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
+            let at = SelfSignedAt {
+                namespace,
+                secret,
+                service,
+                configuration,
             };
-            certs.set(&pem.cert, &pem.key)?;
-            // Ready (for `/readyz`) once the API server can trust us; then
-            // keep the caBundle there.
-            let mut tries = 0;
-            while let Err(e) = certs::ensure_ca_bundle(&ctx.client, &configuration, &pem.ca).await {
-                if tries >= 5 {
-                    return Err(e);
-                }
-                tries += 1;
-                tracing::warn!(error = %format!("{e:#}"), "webhook: writing the caBundle; retrying");
-                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
-            }
-            let client = ctx.client.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(REFRESH).await;
-                    match certs::ensure_ca_bundle(&client, &configuration, &pem.ca).await {
-                        Ok(true) => {
-                            tracing::info!(configuration = %configuration, "webhook: wrote the caBundle again")
-                        }
-                        Ok(false) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %format!("{e:#}"), "webhook: the caBundle")
-                        }
-                    }
-                }
-            });
+            self_signed(&ctx, at, &certs).await?
         }
     }
     tracing::info!(addr = %opts.addr, path = serve::PATH, "serving the admission webhook");
     ctx.webhook_pending
         .store(false, std::sync::atomic::Ordering::SeqCst);
     serve::serve(listener, certs, ctx).await
+}
+
+/// Serves the certificate in `dir`, and a rotated one within [`REFRESH`].
+fn from_files(dir: &std::path::Path, certs: &Arc<Certs>) -> Result<()> {
+    let mut files = CertDir::new(dir);
+    if let Some((cert, key)) = files.changed()? {
+        certs.set(&cert, &key)?;
+    }
+    let certs = Arc::clone(certs);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            match files.changed() {
+                Ok(Some((cert, key))) => match certs.set(&cert, &key) {
+                    Ok(()) => tracing::info!("webhook: serving the rotated certificate"),
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "webhook: the rotated certificate is unusable; keeping the old one")
+                    }
+                },
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "webhook: reading the certificate files")
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Where a self-signed certificate is kept and announced.
+struct SelfSignedAt {
+    namespace: String,
+    secret: String,
+    service: String,
+    configuration: String,
+}
+
+/// Serves the self-signed certificate kept in a Secret (made when there is
+/// none), once the API server trusts it: the caBundle of the webhook
+/// configuration is written, and kept there.
+async fn self_signed(ctx: &Context, at: SelfSignedAt, certs: &Certs) -> Result<()> {
+    let SelfSignedAt {
+        namespace,
+        secret,
+        service,
+        configuration,
+    } = at;
+    let names = certs::service_names(&service, &namespace);
+    let mut tries = 0;
+    let pem = loop {
+        match certs::ensure_secret(&ctx.client, &namespace, &secret, &names).await {
+            Ok(p) => break p,
+            Err(e) if tries < 5 => {
+                tries += 1;
+                tracing::warn!(error = %format!("{e:#}"), "webhook: getting the certificate; retrying");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    certs.set(&pem.cert, &pem.key)?;
+    // Ready (for `/readyz`) once the API server can trust us; then
+    // keep the caBundle there.
+    let mut tries = 0;
+    while let Err(e) = certs::ensure_ca_bundle(&ctx.client, &configuration, &pem.ca).await {
+        if tries >= 5 {
+            return Err(e);
+        }
+        tries += 1;
+        tracing::warn!(error = %format!("{e:#}"), "webhook: writing the caBundle; retrying");
+        tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+    }
+    let client = ctx.client.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            match certs::ensure_ca_bundle(&client, &configuration, &pem.ca).await {
+                Ok(true) => {
+                    tracing::info!(configuration = %configuration, "webhook: wrote the caBundle again")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "webhook: the caBundle")
+                }
+            }
+        }
+    });
+    Ok(())
 }
