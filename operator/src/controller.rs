@@ -280,6 +280,17 @@ pub async fn run(
             None
         }
     };
+    step_down(&ctx, &elector, lost, died).await
+}
+
+/// After leading: clears the job state, then exits with the Lease `lost`,
+/// or releases it (the controller having `died`, or on a stop).
+async fn step_down(
+    ctx: &Context,
+    elector: &LeaderElector,
+    lost: Option<String>,
+    died: Option<String>,
+) -> Result<()> {
     ctx.lease.standing_by();
     ctx.metrics.leader.set(0);
     ctx.rebalancer.clear();

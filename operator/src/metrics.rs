@@ -96,85 +96,22 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut root = Registry::default();
         let reg = root.sub_registry_with_prefix("heterotrain_operator");
-        let seconds = || Some(Unit::Seconds);
+        let (reconciles, errors, reconcile_duration, reconcile_stage_duration) =
+            reconcile_metrics(reg);
+        let (rebalances, plan_propagation, scrape_failures) = balancing_metrics(reg);
+        let (watch_errors, leader, phase_transitions, restarts) = cluster_metrics(reg);
         Metrics {
-            reconciles: add(
-                reg,
-                "reconciles",
-                "Reconciles run",
-                None,
-                Counter::default(),
-            ),
-            errors: add(
-                reg,
-                "reconcile_errors",
-                "Reconcile errors by reason",
-                None,
-                Family::default(),
-            ),
-            reconcile_duration: add(
-                reg,
-                "reconcile_duration",
-                "Duration of one reconcile",
-                seconds(),
-                Histogram::new(exponential_buckets(0.005, 2.0, 14)),
-            ),
-            reconcile_stage_duration: add(
-                reg,
-                "reconcile_stage_duration",
-                "Duration of one stage of a reconcile (fetch, apply, balance, status)",
-                seconds(),
-                Family::new_with_constructor(stage_histogram as fn() -> Histogram),
-            ),
-            rebalances: add(
-                reg,
-                "rebalances",
-                "New plans written, by policy",
-                None,
-                Family::default(),
-            ),
-            plan_propagation: add(
-                reg,
-                "plan_propagation",
-                "Time from writing a plan until every rank reports using it",
-                seconds(),
-                Histogram::new(exponential_buckets(0.1, 2.0, 12)),
-            ),
-            scrape_failures: add(
-                reg,
-                "scrape_failures",
-                "Rank metrics that could not be read",
-                None,
-                Counter::default(),
-            ),
-            watch_errors: add(
-                reg,
-                "watch_errors",
-                "Errors of the operator's watches (retried with back-off), by resource",
-                None,
-                Family::default(),
-            ),
-            leader: add(
-                reg,
-                "leader",
-                "1 while this replica holds the leader Lease",
-                None,
-                Gauge::default(),
-            ),
-            phase_transitions: add(
-                reg,
-                "job_phase_transitions",
-                "Jobs entering a phase (Pending, Running, Succeeded, Failed, Suspended), by namespace; counted when the status write lands",
-                None,
-                Family::default(),
-            ),
-            restarts: add(
-                reg,
-                "gang_restarts",
-                "Gang restarts counted toward backoffLimit, by namespace",
-                None,
-                Family::default(),
-            ),
+            reconciles,
+            errors,
+            reconcile_duration,
+            reconcile_stage_duration,
+            rebalances,
+            plan_propagation,
+            scrape_failures,
+            watch_errors,
+            leader,
+            phase_transitions,
+            restarts,
             registry: Arc::new(Mutex::new(root)),
         }
     }
@@ -261,6 +198,120 @@ impl Drop for ReconcileTimer {
     fn drop(&mut self) {
         self.histogram.observe(self.start.elapsed().as_secs_f64());
     }
+}
+
+/// The reconcile's: runs, errors, durations (whole and by stage).
+#[allow(clippy::type_complexity)]
+fn reconcile_metrics(
+    reg: &mut Registry,
+) -> (
+    Counter,
+    Family<ReasonLabel, Counter>,
+    Histogram,
+    Family<StageLabel, Histogram, fn() -> Histogram>,
+) {
+    let seconds = || Some(Unit::Seconds);
+    (
+        add(
+            reg,
+            "reconciles",
+            "Reconciles run",
+            None,
+            Counter::default(),
+        ),
+        add(
+            reg,
+            "reconcile_errors",
+            "Reconcile errors by reason",
+            None,
+            Family::default(),
+        ),
+        add(
+            reg,
+            "reconcile_duration",
+            "Duration of one reconcile",
+            seconds(),
+            Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+        ),
+        add(
+            reg,
+            "reconcile_stage_duration",
+            "Duration of one stage of a reconcile (fetch, apply, balance, status)",
+            seconds(),
+            Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+        ),
+    )
+}
+
+/// Balancing's: plans written, their propagation, unread metrics.
+#[allow(clippy::type_complexity)]
+fn balancing_metrics(reg: &mut Registry) -> (Family<PolicyLabel, Counter>, Histogram, Counter) {
+    let seconds = || Some(Unit::Seconds);
+    (
+        add(
+            reg,
+            "rebalances",
+            "New plans written, by policy",
+            None,
+            Family::default(),
+        ),
+        add(
+            reg,
+            "plan_propagation",
+            "Time from writing a plan until every rank reports using it",
+            seconds(),
+            Histogram::new(exponential_buckets(0.1, 2.0, 12)),
+        ),
+        add(
+            reg,
+            "scrape_failures",
+            "Rank metrics that could not be read",
+            None,
+            Counter::default(),
+        ),
+    )
+}
+
+/// The cluster's: watch errors, leadership, phases, restarts.
+#[allow(clippy::type_complexity)]
+fn cluster_metrics(
+    reg: &mut Registry,
+) -> (
+    Family<ResourceLabel, Counter>,
+    Gauge,
+    Family<NamespacePhaseLabel, Counter>,
+    Family<NamespaceLabel, Counter>,
+) {
+    (
+        add(
+            reg,
+            "watch_errors",
+            "Errors of the operator's watches (retried with back-off), by resource",
+            None,
+            Family::default(),
+        ),
+        add(
+            reg,
+            "leader",
+            "1 while this replica holds the leader Lease",
+            None,
+            Gauge::default(),
+        ),
+        add(
+            reg,
+            "job_phase_transitions",
+            "Jobs entering a phase (Pending, Running, Succeeded, Failed, Suspended), by namespace; counted when the status write lands",
+            None,
+            Family::default(),
+        ),
+        add(
+            reg,
+            "gang_restarts",
+            "Gang restarts counted toward backoffLimit, by namespace",
+            None,
+            Family::default(),
+        ),
+    )
 }
 
 #[cfg(test)]
