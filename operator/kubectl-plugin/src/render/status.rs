@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use heterotrain_crds::HeteroTrainingJob;
+use heterotrain_crds::{HeteroTrainingJob, HeteroTrainingJobStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
@@ -46,10 +46,40 @@ fn policy(job: &HeteroTrainingJob) -> &'static str {
     job.spec.load_balancing.policy.as_str()
 }
 
-/// `kubectl heterotrain status`: the seeds' "Load Balancer Status" box.
+/// `kubectl heterotrain status`: the seeds' "Load Balancer Status" box —
+/// the job's summary, its plan and balance, a table of groups, one of
+/// ranks, the last decisions and the conditions.
 pub fn status(v: &JobView, now: Timestamp) -> String {
+    let st = v.job.status.clone().unwrap_or_default();
+    let mut out = summary(v, &st, now);
+    out.push_str(&plan_and_balance(v, &st, now));
+    out.push('\n');
+    out.push_str(&groups_table(v, &st));
+    out.push('\n');
+    out.push_str(&ranks_table(v));
+    if !v.rebalances.is_empty() {
+        out.push_str("\nLast decisions:\n");
+        out.push_str(&decisions(v, now, 5));
+    }
+    if !st.conditions.is_empty() {
+        let mut c = Table::new(&["CONDITION", "STATUS", "REASON", "MESSAGE"]);
+        for cond in &st.conditions {
+            c.row(vec![
+                cond.type_.clone(),
+                cond.status.clone(),
+                cond.reason.clone(),
+                cond.message.clone(),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&c.render());
+    }
+    out
+}
+
+/// Name, age, phase, progress, ranks, throughput, policy, checkpoints.
+fn summary(v: &JobView, st: &HeteroTrainingJobStatus, now: Timestamp) -> String {
     let job = &v.job;
-    let st = job.status.clone().unwrap_or_default();
     let ns = job.metadata.namespace.clone().unwrap_or_default();
     let mut out = String::new();
     let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -112,6 +142,12 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
             "Checkpoints:     rank 0's emptyDir: lost with the pod (set spec.checkpoint.claimName to keep them)"
         ),
     };
+    out
+}
+
+/// The plan in force, the balance quality and the last rebalance.
+fn plan_and_balance(v: &JobView, st: &HeteroTrainingJobStatus, now: Timestamp) -> String {
+    let mut out = String::new();
     match &v.plan {
         Some(p) => {
             let _ = writeln!(
@@ -154,6 +190,12 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
         )
     );
 
+    out
+}
+
+/// One row a worker group: device, ready pods, batches, throughput.
+fn groups_table(v: &JobView, st: &HeteroTrainingJobStatus) -> String {
+    let job = &v.job;
     let mut groups = Table::new(&["GROUP", "DEVICE", "READY", "BATCHES", "SAMPLES/S"]);
     for (i, g) in job.spec.workers.iter().enumerate() {
         let gs = st
@@ -173,9 +215,12 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
             rate(gs.and_then(|s| s.samples_per_second)),
         ]);
     }
-    out.push('\n');
-    out.push_str(&groups.render());
+    groups.render()
+}
 
+/// One row a rank: group, pod, node, phase, batch, what bounds its step.
+fn ranks_table(v: &JobView) -> String {
+    let job = &v.job;
     let batches = rank_batches(v);
     let mut ranks = Table::new(&["RANK", "GROUP", "POD", "NODE", "PHASE", "BATCH", "BOUND BY"]);
     let bound = job
@@ -200,25 +245,5 @@ pub fn status(v: &JobView, now: Timestamp) -> String {
                 .map(|b| b.bottleneck.as_str())),
         ]);
     }
-    out.push('\n');
-    out.push_str(&ranks.render());
-
-    if !v.rebalances.is_empty() {
-        out.push_str("\nLast decisions:\n");
-        out.push_str(&decisions(v, now, 5));
-    }
-    if !st.conditions.is_empty() {
-        let mut c = Table::new(&["CONDITION", "STATUS", "REASON", "MESSAGE"]);
-        for cond in &st.conditions {
-            c.row(vec![
-                cond.type_.clone(),
-                cond.status.clone(),
-                cond.reason.clone(),
-                cond.message.clone(),
-            ]);
-        }
-        out.push('\n');
-        out.push_str(&c.render());
-    }
-    out
+    ranks.render()
 }
